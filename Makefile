@@ -1,0 +1,22 @@
+# Two entry points: `make run` (the main job on defaults) and `make test` (the test suite).
+# Both build .venv from nothing. torch is pinned to the CPU build first so that the resolver
+# never pulls a multi-GB CUDA build for transformer_lens.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]" $(TORCH)
+	touch $@
+
+.PHONY: run test venv
+venv: $(BIN)/.installed
+
+run: venv
+	$(BIN)/lenslab demo
+
+test: venv
+	$(BIN)/python -m pytest -q

@@ -1,0 +1,126 @@
+"""``lenslab traps PATH``: the entry point the CLI calls, and its human-readable table."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from interp.spectral.errors import SpectralError
+from interp.spectral.scan import scan_files, shard_files
+from interp.spectral.traps import MODES
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return path.is_file() and path.parent.name == "checkpoints" and (path.parent.parent / "config.json").is_file()
+
+
+def resolve(path: str | Path) -> tuple[str, list[tuple[int | None, Path]], Path | None]:
+    """``(kind, [(epoch, file)], run_dir)`` for a run dir, a checkpoint, a shard folder or one file."""
+    from training.errors import RunError
+    from training.run import Run
+
+    path = Path(path)
+    if not path.exists():
+        raise SpectralError(f"{path}: no such file or directory")
+    if (path.is_dir() and (path / "config.json").is_file()) or _is_checkpoint(path):
+        try:
+            run = Run.open(path)
+        except RunError as e:
+            raise SpectralError(str(e)) from None
+        if run.focus is not None:
+            return "checkpoint", [(run.focus_epoch(), run.focus)], run.path
+        ckpts = run.checkpoints()
+        if not ckpts:
+            raise SpectralError(f"{path}: the run has no checkpoints yet")
+        return "run", [(e, p) for e, p in ckpts], run.path
+    if path.is_dir():
+        return "shards", [(None, f) for f in shard_files(path)], None
+    if path.suffix == ".safetensors":
+        return "file", [(None, path)], None
+    raise SpectralError(f"{path}: expected a run directory, a checkpoint, a .safetensors file or a folder of shards")
+
+
+def _jsd_rows(run_dir: Path, epoch: int | None, mode: str, seed: int) -> list[dict]:
+    from interp.spectral.jsd import trap_jsd
+    from training.run import Run
+
+    run = Run.open(run_dir)
+    model = run.model(epoch)
+    split = None
+    try:
+        splits = run.splits
+        name = "test" if "test_tokens" in splits else ("adv" if "adv_tokens" in splits else None)
+        if name:
+            split = (splits[f"{name}_tokens"], splits[f"{name}_labels"])
+    except Exception:
+        split = None  # no splits file: J_k only
+    return [r.to_record() for r in trap_jsd(model, mode=mode, seed=seed, split=split)]
+
+
+def traps_command(path, mode: str = "robust", seed: int = 0, n_shuffles: int = 1, jsd: bool = False, workers: int = 2,
+                  executor: str = "local", progress: bool = True) -> dict:
+    """Trap rows for every checkpoint (or the one file / shard folder) at ``path``.
+
+    Returns ``{"kind", "path", "mode", "seed", "checkpoints": [{"checkpoint", "epoch", "matrices", "skipped"[, "jsd"]}]}``;
+    for shards all files form one entry. ``jsd=True`` (run dirs and checkpoints only) adds trap-replacement J_k rows.
+    """
+    if mode not in MODES:
+        raise SpectralError(f"--mode {mode!r} is not one of {MODES}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise SpectralError(f"--seed {seed!r} must be an integer")
+    kind, items, run_dir = resolve(path)
+    if jsd and run_dir is None:
+        raise SpectralError(f"{path}: --jsd needs a lenslab run (its config builds the model); shard folders have none")
+    groups = [(str(Path(path)), None, [f for _, f in items])] if kind == "shards" else [(str(f), e, [f]) for e, f in items]
+    out = []
+    for label, epoch, files in groups:
+        entry = {"checkpoint": label, "epoch": epoch}
+        try:
+            entry.update(scan_files(files, mode, seed, n_shuffles, workers, executor, progress, desc=Path(label).name))
+        except SpectralError as e:
+            if kind != "run":
+                raise
+            entry.update(matrices=[], skipped=[], error=str(e))  # one bad checkpoint does not stop the run
+        if jsd and "error" not in entry:
+            entry["jsd"] = _jsd_rows(run_dir, epoch, mode, seed)
+        out.append(entry)
+    return {"kind": kind, "path": str(path), "mode": mode, "seed": seed, "n_shuffles": n_shuffles, "checkpoints": out}
+
+
+def _fmt(x, spec: str = ".4g") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def format_traps_table(result: dict) -> str:
+    """One block per checkpoint: a row per matrix (traps, λ₊, threshold, largest/λ₊ or the error)."""
+    lines = [f"traps ({result.get('mode', '?')} mode, seed {result.get('seed', '?')}) for {result.get('path', '')}"]
+    for ck in result["checkpoints"]:
+        lines.append("")
+        lines.append(f"== {ck['checkpoint']}" + (f" (epoch {ck['epoch']})" if ck.get("epoch") is not None else ""))
+        if ck.get("error"):
+            lines.append(f"   error: {ck['error']}")
+            continue
+        rows = ck["matrices"]
+        width = max([len(r["name"]) for r in rows] + [6])
+        lines.append(f"   {'matrix':<{width}}  {'N':>6} {'M':>6} {'traps':>5} {'lambda+':>9} {'thresh':>9} {'max/l+':>7}")
+        for r in rows:
+            if r.get("error"):
+                lines.append(f"   {r['name']:<{width}}  {r['N']:>6} {r['M']:>6}  error: {r['error']}")
+                continue
+            traps = f"{r['n_traps']}" if r.get("n_shuffles", 1) == 1 else f"{r['n_traps_mean']:.1f}±{r['n_traps_std']:.1f}"
+            lines.append(
+                f"   {r['name']:<{width}}  {r['N']:>6} {r['M']:>6} {traps:>5} {_fmt(r['lambda_plus']):>9} "
+                f"{_fmt(r['threshold']):>9} {_fmt(r.get('largest_over_lambda_plus'), '.3g'):>7}"
+            )
+        skipped = ck.get("skipped", [])
+        vectors = [s for s in skipped if len(s["shape"]) < 2]
+        for s in skipped:
+            if len(s["shape"]) >= 2:
+                lines.append(f"   skipped {s['name']} {tuple(s['shape'])}: {s['reason']}")
+        if vectors:
+            lines.append(f"   skipped {len(vectors)} 1-D tensors (biases, norm scales)")
+        for j in ck.get("jsd", []):
+            flag = "HARMFUL" if j["harmful"] else "benign"
+            acc = "" if j.get("accuracy_change") is None else f" acc change {j['accuracy_change']:+.4f}"
+            lines.append(f"   jsd {j['matrix']} trap {j['trap']}: J={j['jsd']:.3g} (null p95 {j['null_p95']:.3g}) {flag}{acc}")
+    return "\n".join(lines)

@@ -1,0 +1,51 @@
+"""Plotly figures: trap counts under the accuracy curves, and one matrix's shuffled ESD with its MP fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from interp.spectral.mp import mp_density, mp_edges
+from interp.spectral.shuffle import make_generator, random_permutation, shuffle
+from interp.spectral.traps import check_matrix, detect_traps, shuffled_eigenvalues
+
+
+def trap_count_figure(rows: list[dict], metrics: list[dict] | None = None, title: str = "Correlation traps over training") -> go.Figure:
+    """Accuracy curves (top) and trap count per matrix (bottom) against epoch, shared x axis.
+
+    ``rows`` are ``trap_counts_over_run`` rows; ``metrics`` (e.g. ``run.metrics``) draws the
+    accuracy at every logged epoch, otherwise the accuracies carried in ``rows`` are used.
+    """
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06, subplot_titles=("accuracy", "traps per matrix"))
+    source = metrics if metrics else list({r["epoch"]: r for r in rows}.values())
+    acc_keys = sorted({k for m in source for k in m if k.endswith("_acc")})
+    for k in acc_keys:
+        pts = sorted((m["epoch"], m[k]) for m in source if m.get(k) is not None and m.get("epoch") is not None)
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name=k), row=1, col=1)
+    for name in dict.fromkeys(r["matrix"] for r in rows):
+        pts = sorted((r["epoch"], r["n_traps"]) for r in rows if r["matrix"] == name and r.get("error") is None)
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name), row=2, col=1)
+    fig.update_yaxes(title_text="accuracy", range=[0, 1.02], row=1, col=1)
+    fig.update_yaxes(title_text="n traps", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="epoch", row=2, col=1)
+    fig.update_layout(title=title, height=600)
+    return fig
+
+
+def esd_figure(w, name: str = "W", mode: str = "robust", seed: int = 0, bins: int = 80) -> go.Figure:
+    """Histogram of the shuffled ESD (X = W_randᵀW_rand/N) with the fitted MP density, λ₊ and the threshold."""
+    w = check_matrix(w, name)
+    row = detect_traps(w, name, mode=mode, seed=seed, details=False)
+    evals = shuffled_eigenvalues(shuffle(w, random_permutation(w.numel(), make_generator(seed))))
+    q = row.N / row.M
+    sigma2 = row.sigma**2
+    lo, hi = mp_edges(q, sigma2)
+    x = np.linspace(max(lo, 1e-12), hi, 400)
+    fig = go.Figure()
+    fig.add_trace(go.Histogram(x=evals, histnorm="probability density", nbinsx=bins, name="shuffled ESD", opacity=0.6))
+    fig.add_trace(go.Scatter(x=x, y=mp_density(x, q, sigma2), mode="lines", name=f"MP fit (σ={row.sigma:.3g})"))
+    fig.add_vline(x=row.lambda_plus, line_dash="dot", annotation_text="λ₊")
+    fig.add_vline(x=row.threshold, line_dash="dash", line_color="red", annotation_text=f"threshold ({row.n_traps} traps)")
+    fig.update_layout(title=f"{name}: N={row.N}, M={row.M}, {mode} mode", xaxis_title="eigenvalue of WᵀW/N", yaxis_title="density")
+    return fig

@@ -1,0 +1,41 @@
+"""Trap counts per matrix over every checkpoint of a run, aligned with the run's accuracies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from interp.common import Table
+from interp.spectral.command import traps_command
+
+
+def trap_counts_over_run(path: str | Path, mode: str = "robust", seed: int = 0, n_shuffles: int = 1, workers: int = 2,
+                         progress: bool = False) -> Table:
+    """Tidy rows ``{epoch, matrix, n_traps, n_traps_mean, n_traps_std, lambda_plus, threshold, error, <acc keys>}``.
+
+    Accuracy keys are every ``*_acc`` field of the metrics.jsonl row with the same epoch (None if absent).
+    """
+    from training.run import Run
+
+    result = traps_command(path, mode=mode, seed=seed, n_shuffles=n_shuffles, workers=workers, progress=progress)
+    run = Run.open(path)
+    by_epoch = {m.get("epoch"): m for m in run.metrics}
+    acc_keys = sorted({k for m in run.metrics for k in m if k.endswith("_acc")})
+    rows = Table()
+    for ck in result["checkpoints"]:
+        metrics = by_epoch.get(ck["epoch"], {})
+        accs = {k: metrics.get(k) for k in acc_keys}
+        for r in ck["matrices"]:
+            rows.append(
+                {
+                    "epoch": ck["epoch"],
+                    "matrix": r["name"],
+                    "n_traps": r["n_traps"],
+                    "n_traps_mean": r["n_traps_mean"],
+                    "n_traps_std": r["n_traps_std"],
+                    "lambda_plus": r["lambda_plus"],
+                    "threshold": r["threshold"],
+                    "error": r["error"],
+                    **accs,
+                }
+            )
+    return rows

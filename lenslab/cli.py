@@ -1,0 +1,295 @@
+"""The ``lenslab`` command line. It parses arguments and calls the packages; no logic of its own.
+
+Every command: progress and logs on stderr; ``--json`` prints exactly one JSON document on
+stdout; bad input prints one line ``lenslab: error: ...`` and exits 2 (no traceback);
+Ctrl-C saves what it can and exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def cmd_inspect(a: argparse.Namespace) -> dict:
+    from interp.inspect import write_inspection
+
+    _log(f"inspecting {a.run_dir} (ablation, cross-split patching, fingerprints, evolution)")
+    result, path = write_inspection(a.run_dir)
+    if not a.json:
+        print(f"report: {path}")
+        phase = result.get("phase") or {}
+        print(f"phase 1 from epoch {phase.get('phase1_epoch')}; phase 2 (adv rising while validation >= 99%) from epoch {phase.get('phase2_epoch')}")
+    return {"report": str(path), **result}
+
+
+class UserError(Exception):
+    """A bad command line; printed as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (not usage + error)."""
+
+    def error(self, message: str):  # noqa: D401
+        self.exit(2, f"lenslab: error: {message} (see: {self.prog} --help)\n")
+
+
+def _seeds(text: str) -> list[int]:
+    """``3`` or ``0-7`` or ``0,2,5``."""
+    out: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            if not (a.isdigit() and b.isdigit()) or int(a) > int(b):
+                raise argparse.ArgumentTypeError(f"bad seed range {part!r}: use A-B with A <= B")
+            out.extend(range(int(a), int(b) + 1))
+        elif part.isdigit():
+            out.append(int(part))
+        else:
+            raise argparse.ArgumentTypeError(f"bad seed {part!r}: use non-negative integers like 0, 0-7 or 0,3")
+    return out
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    """Flags default to 'not given' so that ``--resume`` can tell what the user asked for."""
+    S = argparse.SUPPRESS
+    p.add_argument("--task", choices=["mpsp", "modadd"], default=S, help="mpsp (default) | modadd")
+    p.add_argument("--label", default=S, help="mpsp label: sum2 | sum3 (default sum2)")
+    p.add_argument("--shortcut", default=S, help="mpsp shortcut: max | first (default max)")
+    p.add_argument("--ratio", type=float, default=S, help="spurious ratio r in [0, 1] (default 0.9)")
+    p.add_argument("--seq-len", type=int, default=S, help="mpsp values per sequence (default 5)")
+    p.add_argument("--n-values", type=int, default=S, help="mpsp values are 0..n-1 (default 16)")
+    p.add_argument("--n-train", type=int, default=S, help="train split size (default 16384)")
+    p.add_argument("--n-val", type=int, default=S, help="validation split size (default 2048)")
+    p.add_argument("--n-adv", type=int, default=S, help="adversarial split size (default 2048)")
+    p.add_argument("--data-seed", type=int, default=S, help="seed of the splits, fixed per experiment (default 0)")
+    p.add_argument("--layers", type=int, default=S, help="mpsp model layers (default 2)")
+    p.add_argument("--heads", type=int, default=S, help="mpsp heads per layer (default 2)")
+    p.add_argument("--p", type=int, default=S, help="modadd modulus (default 113)")
+    p.add_argument("--train-frac", type=float, default=S, help="modadd train fraction (default 0.3)")
+    p.add_argument("--epochs", type=int, default=S, help="total epochs (default mpsp 150, modadd 3000)")
+    p.add_argument("--seed", type=int, default=S, help="model init + data order seed (default 0)")
+    p.add_argument("--lr", type=float, default=S, help="AdamW learning rate (default 1e-3)")
+    p.add_argument("--weight-decay", type=float, default=S, help="AdamW weight decay (default mpsp 0.1, modadd 1.0)")
+    p.add_argument("--betas", type=float, nargs=2, default=S, help="AdamW betas (default mpsp 0.9 0.999, modadd 0.9 0.98)")
+    p.add_argument("--batch-size", type=int, default=S, help="0 = full batch (default mpsp 512, modadd full)")
+    p.add_argument("--eval-every", type=int, default=S, help="epochs between evaluations (default mpsp 5, modadd 50)")
+    p.add_argument("--ckpt-density", type=int, default=S, help="evaluations checkpointed before thinning starts (default 16)")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--out", default=None, help="run directory (default runs/<task>-<settings>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out up to --epochs in total")
+
+
+# flag -> where it lives in config.json (used to check flags given with --resume)
+FLAG_PLACES = {
+    "task": ("task", "name"),
+    "label": ("task", "label"),
+    "shortcut": ("task", "shortcut"),
+    "ratio": ("task", "ratio"),
+    "seq_len": ("task", "seq_len"),
+    "n_values": ("task", "n_values"),
+    "n_train": ("task", "n_train"),
+    "n_val": ("task", "n_val"),
+    "n_adv": ("task", "n_adv"),
+    "data_seed": ("task", "seed"),
+    "layers": ("model", "n_layers"),
+    "heads": ("model", "n_heads"),
+    "p": ("task", "p"),
+    "train_frac": ("task", "train_frac"),
+    "seed": ("train", "seed"),
+    "lr": ("train", "lr"),
+    "weight_decay": ("train", "weight_decay"),
+    "betas": ("train", "betas"),
+    "batch_size": ("train", "batch_size"),
+    "eval_every": ("train", "eval_every"),
+    "ckpt_density": ("train", "ckpt_density"),
+}
+TRAIN_FLAGS = ("epochs", "seed", "lr", "weight_decay", "betas", "batch_size", "eval_every", "ckpt_density")
+MPSP_FLAGS = ("label", "shortcut", "ratio", "seq_len", "n_values", "n_train", "n_val", "n_adv", "layers", "heads")
+
+
+def _given(a: argparse.Namespace) -> dict:
+    return {k: v for k, v in vars(a).items() if k in FLAG_PLACES or k == "epochs"}
+
+
+def _config_from_args(given: dict) -> dict:
+    from training.config import modadd_run_config, mpsp_run_config
+
+    task = given.get("task", "mpsp")
+    train = {k: given[k] for k in TRAIN_FLAGS if k in given}
+    if "batch_size" in train:
+        train["batch_size"] = train["batch_size"] or None
+    if "betas" in train:
+        train["betas"] = list(train["betas"])
+    if task == "modadd":
+        stray = sorted(set(given) & set(MPSP_FLAGS))
+        if stray:
+            raise UserError(f"--{stray[0].replace('_', '-')} is an mpsp flag; modadd takes --p and --train-frac")
+        return modadd_run_config(p=given.get("p", 113), train_frac=given.get("train_frac", 0.3), data_seed=given.get("data_seed", 0), **train)
+    stray = sorted(set(given) & {"p", "train_frac"})
+    if stray:
+        raise UserError(f"--{stray[0].replace('_', '-')} is a modadd flag; add --task modadd")
+    kw = {k: given[k] for k in MPSP_FLAGS if k in given}
+    return mpsp_run_config(data_seed=given.get("data_seed", 0), **kw, **train)
+
+
+def _resume_config(out: Path, given: dict) -> dict:
+    """The stored config, with --epochs applied; any other flag must agree with it."""
+    from training.runio import read_config
+
+    cfg = read_config(out)
+    for flag, value in given.items():
+        if flag == "epochs":
+            continue
+        block, key = FLAG_PLACES[flag]
+        stored = cfg[block].get(key)
+        if flag == "batch_size":
+            value = value or None
+        if flag == "betas":
+            value = list(value)
+        if stored != value:
+            raise UserError(f"--{flag.replace('_', '-')} {value} differs from the run's {block}.{key}={stored!r}; drop the flag to resume")
+    if "epochs" in given:
+        cfg["train"]["epochs"] = given["epochs"]
+    return cfg
+
+
+def _default_out(cfg: dict) -> Path:
+    t, m = cfg["task"], cfg["model"]
+    if t["name"] == "modadd":
+        name = f"modadd-p{t['p']}-wd{cfg['train']['weight_decay']:g}-s{cfg['train']['seed']}"
+    else:
+        name = f"mpsp-{t['label']}-{t['shortcut']}-r{t['ratio']:g}-{m['n_layers']}L{m['n_heads']}H-s{cfg['train']['seed']}"
+    return Path("runs") / name
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _describe(summary: dict, out: Path) -> str:
+    f = summary.get("final") or {}
+    lines = [f"run: {out}  ({summary['status']}, {summary['epochs_completed']} epochs)"]
+    if "generalized" in summary:
+        lines.append(
+            f"final accuracy  train {f.get('train_acc', float('nan')):.3f}  validation (r=1, shortcut) {f.get('validation_acc', float('nan')):.3f}"
+            f"  adversarial (r=0, true rule) {f.get('adv_acc', float('nan')):.3f}"
+        )
+        if summary["generalized"]:
+            lines.append(f"generalized: yes, 100% adversarial accuracy first at epoch {summary['first_generalized_epoch']}")
+        else:
+            lines.append(f"generalized: no (best adversarial accuracy {summary['max_adv_acc']:.3f})")
+        if f.get("grad_conflict") is not None:
+            lines.append(f"gradient conflict {f['grad_conflict']:+.3f}, amplification {f['grad_amplification']:.1f}x (anti / consistent)")
+    else:
+        lines.append(f"final accuracy  train {f.get('train_acc', float('nan')):.3f}  test {f.get('test_acc', float('nan')):.3f}")
+    return "\n".join(lines)
+
+
+def cmd_train(a: argparse.Namespace) -> dict:
+    from training.trainer import train
+
+    given = _given(a)
+    if a.resume:
+        if not a.out:
+            raise UserError("--resume needs --out DIR, the run to continue")
+        out = Path(a.out)
+        if not (out / "config.json").is_file():
+            raise UserError(f"--resume: {out} holds no run to resume (no config.json)")
+        cfg = _resume_config(out, given)
+    else:
+        cfg = _config_from_args(given)
+        out = Path(a.out) if a.out else _default_out(cfg)
+    _log(f"training into {out}")
+    summary = train(cfg, out, resume=a.resume, progress=not a.no_progress, device=a.device)
+    if not a.json:
+        print(_describe(summary, out))
+    return summary
+
+
+def cmd_demo(a: argparse.Namespace) -> dict:
+    from training.config import mpsp_run_config
+    from training.trainer import train
+
+    out = Path(a.out)
+    cfg = mpsp_run_config(ratio=0.9, layers=2, heads=2, epochs=a.epochs, seed=a.seed)
+    resume = (out / "config.json").is_file()
+    _log(f"lenslab demo: 2-layer, 2-head MPSP model (sum2 label, max shortcut, seq_len 5, values 0..15), r = 0.9, {a.epochs} epochs, seed {a.seed}")
+    _log(f"run directory: {out}" + ("  (found: resuming / reusing it)" if resume else ""))
+    summary = train(cfg, out, resume=resume, progress=not a.no_progress)
+    result = {"run": str(out), "summary": summary}
+    if not a.json:
+        print(_describe(summary, out))
+        print(
+            "what it shows: validation accuracy (all shortcut-consistent) near 1.0 means the shortcut was learned; "
+            "adversarial accuracy (all anti-shortcut) is the true rule. 'phase 2' is when adversarial rises while validation stays ~1."
+        )
+        print(f"metrics per evaluation: {out / 'metrics.jsonl'}")
+    from interp.inspect import write_inspection
+
+    _log("inspecting the run ...")
+    inspection, report = write_inspection(out)
+    result["report"] = str(report)
+    if not a.json:
+        print(f"report (open it in a browser, works offline): {report}")
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="lenslab", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,inspect,demo}")
+    sub.required = True
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
+    common.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    p = sub.add_parser("train", parents=[common], help="train one model into a run directory")
+    _add_train_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("inspect", parents=[common], help="ablation, patching, fingerprints -> RUN_DIR/report.html")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("demo", parents=[common], help="the main job on defaults: train a 2L MPSP model at r=0.9")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--epochs", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    from tasks.errors import LenslabError
+    from training.trainer import Interrupted
+
+    try:
+        result = a.func(a)
+    except (LenslabError, UserError) as e:
+        print(f"lenslab: error: {e}", file=sys.stderr)
+        return 2
+    except Interrupted as e:
+        print(f"lenslab: {e}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("lenslab: interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:
+        print(f"lenslab: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The CLI: one-line errors with non-zero exit, --json purity, nothing on disk damaged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lenslab.cli import main
+
+TINY = ["--seq-len", "4", "--n-values", "8", "--n-train", "1536", "--n-val", "256", "--n-adv", "256", "--layers", "1", "--heads", "1", "--no-progress"]
+
+
+def run_cli(capsys, *argv):
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:  # argparse usage errors
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--ratio", "1.5"], "ratio=1.5"),
+        (["--layers", "0"], "layers=0"),
+        (["--task", "nope"], "invalid choice: 'nope'"),
+        (["--seq-len", "3", "--n-values", "4"], "allow only"),
+        (["--heads", "3"], "not divisible"),
+        (["--lr", "-1"], "lr=-1"),
+        (["--epochs", "-2"], "epochs=-2"),
+        (["--label", "sum7"], "unknown label"),
+        (["--p", "7"], "modadd flag"),
+    ],
+)
+def test_bad_train_input_is_one_line(capsys, tmp_path, argv, needle):
+    out_dir = tmp_path / "run"
+    rc, out, err = run_cli(capsys, "train", *argv, "--out", str(out_dir), "--no-progress")
+    assert rc == 2
+    lines = [line for line in err.strip().splitlines() if line and not line.startswith("training into")]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err and out == ""
+    assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+def test_train_json_resume_and_refusals(capsys, tmp_path):
+    run = tmp_path / "run"
+    rc, out, err = run_cli(capsys, "train", *TINY, "--epochs", "2", "--eval-every", "1", "--out", str(run), "--json")
+    assert rc == 0
+    summary = json.loads(out)  # exactly one JSON document on stdout
+    assert summary["epochs_completed"] == 2
+    before = (run / "metrics.jsonl").read_bytes()
+
+    rc, out, err = run_cli(capsys, "train", *TINY, "--epochs", "2", "--out", str(run))
+    assert rc == 2 and "already holds a run" in err and "Traceback" not in err
+    rc, out, err = run_cli(capsys, "train", "--out", str(run), "--resume", "--ratio", "0.5")
+    assert rc == 2 and "--ratio 0.5 differs" in err
+    assert (run / "metrics.jsonl").read_bytes() == before
+
+    rc, out, err = run_cli(capsys, "train", "--out", str(run), "--resume", "--epochs", "3", "--json", "--no-progress")
+    assert rc == 0 and json.loads(out)["epochs_completed"] == 3
+
+
+def test_corrupted_checkpoint_on_resume(capsys, tmp_path):
+    run = tmp_path / "run"
+    assert run_cli(capsys, "train", *TINY, "--epochs", "1", "--out", str(run))[0] == 0
+    (run / "checkpoints" / "resume.safetensors").write_bytes(b"\x00" * 40)
+    rc, out, err = run_cli(capsys, "train", "--out", str(run), "--resume", "--epochs", "2", "--no-progress")
+    assert rc == 2 and "not a readable safetensors file" in err
+    assert len([line for line in err.strip().splitlines() if not line.startswith("training into")]) == 1
+
+
+def test_a_model_config_whose_n_ctx_does_not_fit_the_sequence(capsys, tmp_path):
+    run = tmp_path / "run"
+    assert run_cli(capsys, "train", *TINY, "--epochs", "1", "--out", str(run))[0] == 0
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["model"]["n_ctx"] = 3  # seq_len 4 + readout needs 5
+    (run / "config.json").write_text(json.dumps(cfg))
+    rc, out, err = run_cli(capsys, "train", "--out", str(run), "--resume", "--epochs", "2", "--no-progress")
+    assert rc == 2 and "needs n_ctx >= 5" in err
+
+
+def test_real_process_has_no_traceback(tmp_path):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run(
+        [sys.executable, "-m", "lenslab.cli", "train", "--ratio", "-0.2", "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).parents[2],
+    )
+    assert p.returncode == 2
+    assert p.stderr.strip() == "lenslab: error: ratio=-0.2 is outside [0, 1]: it is the fraction of shortcut-consistent train examples"
+    assert p.stdout == ""

@@ -1,0 +1,82 @@
+"""The report is one self-contained file: no resource is loaded from a URL.
+
+What we check: the HTML has no *resource loads* from http(s) (script/link/img/iframe src or
+href, ES ``import``/``import()``, CSS ``url()``/``@import``, ``fetch``/XHR of a URL literal) and
+no source-map reference. URL strings inside the inlined plotly.js / circuitsvis code (comments,
+licence headers, SVG namespaces) are not resource loads and are allowed.
+"""
+
+import json
+import re
+
+import plotly.graph_objects as go
+
+from interp.inspect import inspect_run, inspection_sections
+from interp.visual import AttentionView, attention_view
+from lenslab.report import write_report
+
+URL = r"""["']?\s*(?:https?:)?//"""
+RESOURCE_LOADS = [
+    re.compile(r"<(?:script|img|iframe|source|embed|audio|video)\b[^>]*\bsrc\s*=\s*" + URL, re.IGNORECASE),
+    re.compile(r"<link\b[^>]*\bhref\s*=\s*" + URL, re.IGNORECASE),
+    re.compile(r"\bimport\s*\(\s*[\"'`](?:https?:)?//", re.IGNORECASE),
+    re.compile(r"\bimport\b[^;\n]{0,200}?\bfrom\s*[\"'](?:https?:)?//", re.IGNORECASE),
+    re.compile(r"@import\s+(?:url\()?\s*[\"']?(?:https?:)?//", re.IGNORECASE),
+    re.compile(r"url\(\s*[\"']?https?://", re.IGNORECASE),
+    re.compile(r"\bfetch\s*\(\s*[\"'`]https?://", re.IGNORECASE),
+    re.compile(r"sourceMappingURL", re.IGNORECASE),
+]
+
+
+def resource_loads(html: str) -> list[str]:
+    return [m.group(0)[:120] for p in RESOURCE_LOADS for m in p.finditer(html)]
+
+
+def test_detector_catches_circuitsvis_cdn_html(trained, splits):
+    """Control: circuitsvis's own default (CDN) HTML is flagged, so the check can fail."""
+    import circuitsvis as cv
+
+    pattern = trained.run_with_cache(splits["validation_tokens"][:1])[1]["blocks.0.attn.hook_pattern"][0]
+    cdn = cv.attention.attention_heads(pattern, tokens=list("abcde")).cdn_src
+    assert resource_loads(cdn)
+    assert resource_loads('<script src="https://cdn.plot.ly/plotly.min.js"></script>')
+
+
+def test_report_is_offline_and_inlines_bundles_once(tmp_path, trained, splits):
+    fig = go.Figure(go.Scatter(x=[0, 1], y=[1, 0]))
+    views = [attention_view(trained, splits["validation_tokens"][i], 8, title=f"ex {i}") for i in range(2)]
+    path = write_report(tmp_path / "r.html", "t", [("A", [fig, "some <text> & stuff", "<p>raw</p>"]), ("B", views)])
+    html = path.read_text()
+    assert resource_loads(html) == []
+    assert html.count("var CircuitsVis=") == 1  # bundle once for two views
+    assert html.count('CircuitsVis.render("') == 2
+    assert html.count("Plotly.newPlot") >= 1 and html.count("plotly.js v") <= 2  # plotly.js inlined (its banner) once
+    assert "some &lt;text&gt; &amp; stuff" in html
+
+
+def test_notebook_repr_inlines_bundle_once_per_kernel(trained, splits):
+    from interp import visual
+
+    visual._BUNDLE_SHOWN = False
+    v = attention_view(trained, splits["validation_tokens"][0], 8)
+    first, second = v._repr_html_(), AttentionView(v_attention(trained, splits), list("abcde"), ["h"])._repr_html_()
+    assert "var CircuitsVis=" in first and "var CircuitsVis=" not in second
+    assert resource_loads(first) == []
+
+
+def v_attention(trained, splits):
+    return trained.run_with_cache(splits["validation_tokens"][:1])[1]["blocks.0.attn.hook_pattern"][0, :1]
+
+
+def test_inspect_run_end_to_end(fake_run):
+    result = inspect_run(fake_run, max_pairs=64, max_examples=128)
+    json.dumps(result)  # numbers only
+    assert result["limits"]["patching_pairs"] == 64
+    assert set(result["patching"]) == {"validation->counterfactual", "counterfactual->validation"}
+    assert len(result["evolution"]["rows"]) == len(result["evolution"]["epochs_used"])
+    sections = inspection_sections(fake_run, result)
+    headings = [h for h, _ in sections]
+    for h in ("Accuracy", "Gradient dynamics", "Circuit evolution", "Cross-split patching", "Attention (readout is the last row)"):
+        assert h in headings
+    html = write_report(fake_run / "report.html", "demo", sections).read_text()
+    assert resource_loads(html) == []

@@ -1,0 +1,123 @@
+"""Run configs: the ``config.json`` written into every run directory.
+
+``{"format", "lenslab_version", "task": {...}, "model": {HookedTransformerConfig kwargs},
+"train": {...}}``. ``HookedTransformer(HookedTransformerConfig(**config["model"]))`` rebuilds
+the model; ``task`` and ``train`` rebuild the data and the optimisation.
+
+Default training settings (paper 1 leaves lr, batch and betas open):
+MPSP: AdamW lr 1e-3, weight decay 0.1, betas (0.9, 0.999), batch 512, eval every 5 epochs.
+Modular addition: the standard grokking recipe, AdamW lr 1e-3, weight decay 1.0,
+betas (0.9, 0.98), full batch, eval every 50 epochs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tasks import ModAddTask, MPSPTask
+from tasks.splits import check_ratio
+from training.errors import ConfigError
+from training.presets import modadd_model_config, mpsp_model_config
+from training.runio import RUN_FORMAT, check_model_kwargs
+
+VERSION = "0.1.0"
+
+TRAIN_DEFAULTS = {
+    "mpsp": dict(epochs=150, lr=1e-3, weight_decay=0.1, betas=[0.9, 0.999], batch_size=512, eval_every=5),
+    "modadd": dict(epochs=3000, lr=1e-3, weight_decay=1.0, betas=[0.9, 0.98], batch_size=None, eval_every=50),
+}
+COMMON_TRAIN = dict(seed=0, ckpt_density=16, grad_probe_size=256)
+
+
+def mpsp_run_config(
+    label: str = "sum2",
+    shortcut: str = "max",
+    ratio: float = 0.9,
+    seq_len: int = 5,
+    n_values: int = 16,
+    n_train: int = 16_384,
+    n_val: int = 2_048,
+    n_adv: int = 2_048,
+    data_seed: int = 0,
+    layers: int = 2,
+    heads: int = 2,
+    **train: Any,
+) -> dict:
+    """A complete MPSP run config. ``data_seed`` fixes the splits; ``train["seed"]`` the model."""
+    task = MPSPTask(label=label, shortcut=shortcut, seq_len=seq_len, n_values=n_values)
+    task_cfg = dict(
+        name="mpsp",
+        label=label,
+        shortcut=shortcut,
+        ratio=check_ratio(ratio),
+        seq_len=seq_len,
+        n_values=n_values,
+        seed=data_seed,
+        n_train=n_train,
+        n_val=n_val,
+        n_adv=n_adv,
+    )
+    return _assemble(task_cfg, mpsp_model_config(task, layers, heads), "mpsp", train)
+
+
+def modadd_run_config(p: int = 113, train_frac: float = 0.3, data_seed: int = 0, **train: Any) -> dict:
+    task = ModAddTask(p=p, train_frac=train_frac)
+    task_cfg = dict(name="modadd", p=p, train_frac=train_frac, seed=data_seed)
+    return _assemble(task_cfg, modadd_model_config(task), "modadd", train)
+
+
+def _assemble(task_cfg: dict, model: dict, kind: str, train: dict) -> dict:
+    full = {**TRAIN_DEFAULTS[kind], **COMMON_TRAIN}
+    unknown = set(train) - set(full)
+    if unknown:
+        raise ConfigError(f"unknown training setting(s) {sorted(unknown)}; known: {sorted(full)}")
+    full.update({k: v for k, v in train.items() if v is not None or k == "batch_size"})
+    cfg = {"format": RUN_FORMAT, "lenslab_version": VERSION, "task": task_cfg, "model": model, "train": full}
+    check_train(cfg)
+    return cfg
+
+
+def _num(name: str, v: Any, lo: float, hi: float, integer: bool = False) -> None:
+    bad = isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int))
+    if bad or not math.isfinite(v) or not lo <= v <= hi:
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"{name}={v!r} must be {kind} in [{lo:g}, {hi:g}]")
+
+
+def check_train(cfg: dict) -> None:
+    """Validate the ``train`` block (and that the task fits the model) before any work starts."""
+    t = cfg["train"]
+    _num("epochs", t.get("epochs"), 0, 10_000_000, integer=True)
+    _num("seed", t.get("seed"), 0, 2**63 - 1, integer=True)
+    _num("lr", t.get("lr"), 1e-12, 10.0)
+    _num("weight_decay", t.get("weight_decay"), 0.0, 100.0)
+    betas = t.get("betas")
+    if not (isinstance(betas, (list, tuple)) and len(betas) == 2):
+        raise ConfigError(f"betas={betas!r} must be two numbers in [0, 1)")
+    for b in betas:
+        _num("beta", b, 0.0, 0.999999)
+    if t.get("batch_size") is not None:
+        _num("batch_size", t["batch_size"], 1, 1 << 24, integer=True)
+    _num("eval_every", t.get("eval_every"), 1, 10_000_000, integer=True)
+    _num("ckpt_density", t.get("ckpt_density"), 1, 1_000_000, integer=True)
+    _num("grad_probe_size", t.get("grad_probe_size"), 1, 1 << 16, integer=True)
+    check_model_kwargs(cfg["model"], "model config")
+    task = cfg["task"]
+    if task.get("name") == "mpsp":
+        for key in ("n_train", "n_val", "n_adv"):
+            _num(key, task.get(key), 1, 1 << 26, integer=True)
+        _num("data seed", task.get("seed"), 0, 2**63 - 1, integer=True)
+        if task["seq_len"] + 1 > cfg["model"]["n_ctx"]:
+            raise ConfigError(
+                f"seq_len={task['seq_len']} needs n_ctx >= {task['seq_len'] + 1} (values + readout), "
+                f"but the model has n_ctx={cfg['model']['n_ctx']}"
+            )
+    elif task.get("name") != "modadd":
+        raise ConfigError(f"unknown task {task.get('name')!r}: use 'mpsp' or 'modadd'")
+
+
+def comparable(cfg: dict) -> dict:
+    """The parts of a config that must match for ``--resume`` (everything but the epoch budget)."""
+    train = {k: v for k, v in cfg["train"].items() if k != "epochs"}
+    return {"task": cfg["task"], "model": cfg["model"], "train": train}
