@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import einops
-import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
@@ -90,6 +89,9 @@ def plan_matrices(
         m = _TL_KEY.match(key) if tl else None
         if m is None and tl and (key.endswith(("mask", "IGNORE")) or ".hook_" in key):
             continue  # TransformerLens buffers (attention mask, IGNORE constant): not weights
+        if m is None and tl:
+            skipped.append(Skipped(key, shape, "TransformerLens bias or norm parameter, not one of the analysed weight matrices"))
+            continue
         if key == "pos_embed.W_pos" and not include_pos:
             skipped.append(Skipped(key, shape, "positional embedding excluded by default (include_pos=True keeps it)"))
             continue

@@ -9,6 +9,9 @@ from interp.spectral.errors import SpectralError
 from interp.spectral.scan import scan_files, shard_files
 from interp.spectral.traps import MODES
 
+JSD_PROBES = 256  # random-token probes per J_k
+JSD_NULL = 20  # random rank-1 replacements for the null distribution
+
 
 def _is_checkpoint(path: Path) -> bool:
     return path.is_file() and path.parent.name == "checkpoints" and (path.parent.parent / "config.json").is_file()
@@ -52,9 +55,9 @@ def _jsd_rows(run_dir: Path, epoch: int | None, mode: str, seed: int) -> list[di
         name = "test" if "test_tokens" in splits else ("adv" if "adv_tokens" in splits else None)
         if name:
             split = (splits[f"{name}_tokens"], splits[f"{name}_labels"])
-    except Exception:
+    except Exception:  # noqa: BLE001
         split = None  # no splits file: J_k only
-    return [r.to_record() for r in trap_jsd(model, mode=mode, seed=seed, split=split)]
+    return [r.to_record() for r in trap_jsd(model, mode=mode, seed=seed, split=split, n_probes=JSD_PROBES, n_null=JSD_NULL)]
 
 
 def traps_command(path, mode: str = "robust", seed: int = 0, n_shuffles: int = 1, jsd: bool = False, workers: int = 2,

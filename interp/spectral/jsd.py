@@ -37,7 +37,7 @@ def js_divergence(p_logits: Float[Tensor, "batch k"], q_logits: Float[Tensor, "b
     p = torch.softmax(p_logits.double() / temperature, -1)
     q = torch.softmax(q_logits.double() / temperature, -1)
     m = (p + q) / 2
-    kl = lambda a: (torch.xlogy(a, a) - torch.xlogy(a, m)).sum(-1)  # noqa: E731
+    kl = lambda a: (torch.xlogy(a, a) - torch.xlogy(a, m)).sum(-1)
     return (0.5 * kl(p) + 0.5 * kl(q)).clamp_min(0.0)
 
 
@@ -110,13 +110,13 @@ def trap_jsd(
         if matrices is not None and ref.name not in matrices:
             continue
         w = mats.matrices[ref.name].detach().double()
-        row, comps = detect_traps(w, ref.name, mode=mode, seed=seed, return_components=True)
+        _, comps = detect_traps(w, ref.name, mode=mode, seed=seed, return_components=True)
         if not comps:
             continue
         param = params[ref.key]
         original = param.detach().clone()
 
-        def score(new_w):
+        def score(new_w, param=param, ref=ref, original=original):
             with torch.no_grad():
                 param.copy_(from_2d(new_w, ref, original))
             j = float(js_divergence(base, _logits(work, probes), temperature).mean())

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
@@ -58,10 +59,10 @@ def plan_files(files: list[Path], per_head: bool = False, include_pos: bool = Fa
             raise SpectralError(f"{f}: a pickle file; lenslab never unpickles. Convert it to safetensors first")
         try:
             with safe_open(str(f), framework="pt") as h:
-                for k in h.keys():
+                for k in h.keys():  # noqa: SIM118 (safe_open is not a dict)
                     shapes[k] = tuple(h.get_slice(k).get_shape())
                     where[k] = str(f)
-        except Exception as e:  # safetensors raises several types for garbled headers
+        except Exception as e:  # noqa: BLE001 (safetensors raises several types for garbled headers)
             raise SpectralError(f"{f}: not a readable safetensors file ({_one_line(e)})") from None
     refs, skipped = plan_matrices(shapes, per_head=per_head, include_pos=include_pos)
     return [(where[r.key], r) for r in refs], skipped
@@ -75,7 +76,7 @@ def analyze_task(task: tuple) -> dict:
             t = h.get_tensor(ref.key)
         w = to_2d(t, ref).double() if t.is_floating_point() else to_2d(t, ref)
         del t
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 (any read failure becomes an error row)
         n, m = max(ref.shape), min(ref.shape)
         return TrapRow(ref.name, n, m, n / m, mode, seed, n_shuffles, error=f"{file}: cannot read {ref.key} ({_one_line(e)})").to_record()
     rec = detect_traps(w, ref.name, mode=mode, seed=seed, n_shuffles=n_shuffles).to_record()
@@ -111,12 +112,18 @@ def run_tasks(tasks: list[tuple], workers: int = 2, executor: str = "local", pro
                 out.append(analyze_task(t))
                 bar.update()
             return out
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            out = []
-            for r in pool.map(analyze_task, tasks):
-                out.append(r)
-                bar.update()
-            return out
+        # split torch's intra-op threads between the workers (restored afterwards)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, threads // workers))
+        try:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                out = []
+                for r in pool.map(analyze_task, tasks):
+                    out.append(r)
+                    bar.update()
+                return out
+        finally:
+            torch.set_num_threads(threads)
     finally:
         bar.close()
 

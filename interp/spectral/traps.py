@@ -35,7 +35,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.spectral.errors import SpectralError
-from interp.spectral.mp import mp_edges, mp_density, tw_center_scale
+from interp.spectral.mp import mp_density, mp_edges, tw_center_scale
 from interp.spectral.shuffle import make_generator, random_permutation, shuffle, unshuffle
 from interp.spectral.ww import ww_fit
 

@@ -29,7 +29,8 @@ def test_js_divergence_matches_scipy_symmetric_bounded():
 
 def test_trap_replacement_ablation(modadd_kwargs):
     model = build_model(modadd_kwargs, seed=0)
-    with torch.no_grad():  # a huge localized entry in W_U: a trap that drives the outputs
+    with torch.no_grad():  # a huge localized entry in W_U that drives the outputs: residual dim 5 -> class 2
+        model.embed.W_E[:, 5] = 3.0
         model.unembed.W_U[5, 2] = 8.0
     before = {k: v.clone() for k, v in model.state_dict().items()}
     tokens = torch.randint(0, P + 1, (64, 3), generator=torch.Generator().manual_seed(1))

@@ -108,7 +108,7 @@ def test_shuffle_preserves_multiset_and_roundtrips(n, m, seed):
 @pytest.mark.parametrize("q,sigma2", [(1.0, 1.0), (1.5, 0.3), (4.0, 2.0), (30.0, 1.0)])
 def test_mp_density_integrates_to_one(q, sigma2):
     lo, hi = mp_edges(q, sigma2)
-    total, err = integrate.quad(lambda x: float(mp_density(x, q, sigma2)), lo, hi, limit=200)
+    total, _ = integrate.quad(lambda x: float(mp_density(x, q, sigma2)), lo, hi, limit=200)
     assert abs(total - 1.0) < 1e-6
     # and its mean is σ² (the trace identity the robust fit relies on)
     mean, _ = integrate.quad(lambda x: x * float(mp_density(x, q, sigma2)), lo, hi, limit=200)

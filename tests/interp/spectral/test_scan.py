@@ -1,0 +1,133 @@
+"""traps_command on shard folders, run directories, checkpoints and bad input; run rows; figures."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import plotly.graph_objects as go
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from interp.spectral import (
+    SpectralError,
+    detect_traps,
+    esd_figure,
+    format_traps_table,
+    trap_count_figure,
+    trap_counts_over_run,
+    traps_command,
+)
+from tests.interp.spectral.conftest import planted
+
+SPIKES = {"layers.0.mlp.up.weight": [40.0, 30.0], "layers.1.attn.q.weight": [30.0], "lm_head.weight": []}
+
+
+def same_result(a: dict, b: dict) -> bool:
+    """Same matrices, counts and errors; floats equal to 1e-9 (thread counts change the last bits)."""
+    ra, rb = a["checkpoints"][0]["matrices"], b["checkpoints"][0]["matrices"]
+    return [(r["name"], r["n_traps"], r["error"]) for r in ra] == [(r["name"], r["n_traps"], r["error"]) for r in rb] and all(
+        x["error"] or x["lambda_plus"] == pytest.approx(y["lambda_plus"], rel=1e-9) for x, y in zip(ra, rb)
+    )
+
+
+@pytest.fixture
+def shard_folder(tmp_path):
+    """Two shards plus an index; planted traps in two matrices; a bias, a 1×M and a NaN matrix."""
+    a = {"layers.0.mlp.up.weight": planted(256, 64, SPIKES["layers.0.mlp.up.weight"], seed=1).float(),
+         "layers.0.mlp.up.bias": torch.zeros(256), "tiny.weight": torch.randn(1, 64)}
+    nan = torch.randn(64, 32)
+    nan[0, 0] = float("nan")
+    b = {"layers.1.attn.q.weight": planted(160, 160, SPIKES["layers.1.attn.q.weight"], seed=2).float(),
+         "lm_head.weight": planted(200, 40, [], seed=3).float(), "broken.weight": nan}
+    save_file(a, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file(b, str(tmp_path / "model-00002-of-00002.safetensors"))
+    weight_map = {k: "model-00001-of-00002.safetensors" for k in a} | {k: "model-00002-of-00002.safetensors" for k in b}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return tmp_path, {**a, **b}
+
+
+def test_shard_folder_scan(shard_folder):
+    folder, tensors = shard_folder
+    res = traps_command(folder, workers=2, progress=False)
+    assert res["kind"] == "shards" and len(res["checkpoints"]) == 1
+    rows = {r["name"]: r for r in res["checkpoints"][0]["matrices"]}
+    for name, spikes in SPIKES.items():
+        assert rows[name]["n_traps"] == len(spikes)
+        # same numbers as analysing the tensor directly (independent of the streaming path)
+        assert rows[name]["lambda_plus"] == pytest.approx(detect_traps(tensors[name], name).lambda_plus, rel=1e-9)
+    assert "NaN/inf" in rows["broken.weight"]["error"]
+    skipped = {s["name"]: s["reason"] for s in res["checkpoints"][0]["skipped"]}
+    assert "min(N, M) = 1" in skipped["tiny.weight"] and "1-D" in skipped["layers.0.mlp.up.bias"]
+    for key in ("name", "N", "M", "n_traps", "lambda_plus", "threshold", "sigma", "traps"):
+        assert key in rows["lm_head.weight"]
+    text = format_traps_table(res)
+    assert "layers.0.mlp.up.weight" in text and "error" in text and "tiny.weight" in text
+    json.dumps(res)  # the --json output is serialisable
+
+
+def test_workers_and_modes_agree(shard_folder):
+    folder, _ = shard_folder
+    one = traps_command(folder, workers=1, progress=False)
+    two = traps_command(folder, workers=2, progress=False)
+    assert same_result(one, two)
+    ww = traps_command(folder, mode="weightwatcher", progress=False)
+    assert {r["name"]: r["n_traps"] for r in ww["checkpoints"][0]["matrices"]}["layers.0.mlp.up.weight"] == 10  # 2 traps x 5 pooled shuffles (M = 64 < 100)
+
+
+def test_ray_executor(shard_folder, monkeypatch):
+    folder, _ = shard_folder
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(SpectralError, match="pip install"):
+        traps_command(folder, executor="ray", progress=False)
+    # the wiring, with a stand-in that runs remote functions inline
+    fake = types.SimpleNamespace(is_initialized=lambda: True, get=lambda x: x,
+                                 remote=lambda f: types.SimpleNamespace(remote=f))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    res = traps_command(folder, executor="ray", progress=False)
+    assert same_result(res, traps_command(folder, progress=False))
+
+
+def test_bad_paths(tmp_path):
+    with pytest.raises(SpectralError, match="no such file"):
+        traps_command(tmp_path / "missing")
+    with pytest.raises(SpectralError, match="no \\*.safetensors"):
+        traps_command(tmp_path)
+    (tmp_path / "garbage.safetensors").write_bytes(b"\x00" * 40)
+    with pytest.raises(SpectralError, match="not a readable safetensors"):
+        traps_command(tmp_path / "garbage.safetensors", progress=False)
+    with pytest.raises(SpectralError, match="mode"):
+        traps_command(tmp_path, mode="nope")
+
+
+def test_run_directory_and_checkpoint(run_dir, monkeypatch):
+    from interp.spectral import command
+
+    monkeypatch.setattr(command, "JSD_NULL", 4)  # keep the test fast; the null's size is not under test here
+    monkeypatch.setattr(command, "JSD_PROBES", 64)
+    res = traps_command(run_dir, progress=False)
+    assert res["kind"] == "run" and [c["epoch"] for c in res["checkpoints"]] == [0, 10]
+    counts = [{r["name"]: r["n_traps"] for r in c["matrices"]} for c in res["checkpoints"]]
+    assert counts[0]["blocks.0.mlp.W_in"] == 0 and counts[1]["blocks.0.mlp.W_in"] == 3
+    assert all(n == 0 for k, n in counts[1].items() if k != "blocks.0.mlp.W_in")  # fresh init: no traps
+    one = traps_command(run_dir / "checkpoints" / "10.safetensors", progress=False, jsd=True)
+    assert one["kind"] == "checkpoint" and one["checkpoints"][0]["matrices"] == res["checkpoints"][1]["matrices"]
+    jsd = one["checkpoints"][0]["jsd"]
+    assert len(jsd) == 3 and all(r["matrix"] == "blocks.0.mlp.W_in" and r["accuracy_change"] is not None for r in jsd)
+    assert "jsd blocks.0.mlp.W_in" in format_traps_table(one)
+
+
+def test_run_rows_and_figures(run_dir):
+    rows = trap_counts_over_run(run_dir)
+    r = rows.where(epoch=10, matrix="blocks.0.mlp.W_in")
+    assert len(r) == 1 and r[0]["n_traps"] == 3 and r[0]["test_acc"] == 0.5 and r[0]["train_acc"] == 1.0
+    assert len(rows) == 2 * 8
+    fig = trap_count_figure(rows)
+    assert isinstance(fig, go.Figure)
+    names = [t.name for t in fig.data]
+    assert "test_acc" in names and "blocks.0.mlp.W_in" in names
+    w = planted(512, 128, [40.0, 30.0], seed=1)
+    fig2 = esd_figure(w, "w")
+    assert isinstance(fig2, go.Figure) and len(fig2.data) == 2 and "2 traps" in json.dumps(fig2.to_plotly_json()["layout"])
