@@ -29,6 +29,18 @@ def cmd_inspect(a: argparse.Namespace) -> dict:
     return {"report": str(path), **result}
 
 
+def cmd_traps(a: argparse.Namespace) -> dict:
+    from interp.spectral import format_traps_table, traps_command
+
+    result = traps_command(
+        a.path, mode=a.mode, seed=a.seed, n_shuffles=a.n_shuffles, jsd=a.jsd, workers=a.workers,
+        executor=a.executor, progress=not a.no_progress,
+    )
+    if not a.json:
+        print(format_traps_table(result))
+    return result
+
+
 class UserError(Exception):
     """A bad command line; printed as one line."""
 
@@ -243,7 +255,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lenslab", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,inspect,demo}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,inspect,traps,demo}")
     sub.required = True
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
@@ -256,6 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", parents=[common], help="ablation, patching, fingerprints -> RUN_DIR/report.html")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("traps", parents=[common], help="correlation traps per weight matrix (weights only)")
+    p.add_argument("path", help="a run directory, one checkpoint, or a folder of safetensors shards")
+    p.add_argument("--mode", choices=["robust", "weightwatcher"], default="robust")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-shuffles", type=int, default=1)
+    p.add_argument("--jsd", action="store_true", help="also run the trap-replacement JSD ablation")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--executor", choices=["local", "ray"], default="local")
+    p.set_defaults(func=cmd_traps)
 
     p = sub.add_parser("demo", parents=[common], help="the main job on defaults: train a 2L MPSP model at r=0.9")
     p.add_argument("--out", default="runs/demo")

@@ -97,3 +97,17 @@ def test_real_process_has_no_traceback(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip() == "lenslab: error: ratio=-0.2 is outside [0, 1]: it is the fraction of shortcut-consistent train examples"
     assert p.stdout == ""
+
+
+def test_traps_and_inspect_commands(capsys, tmp_path):
+    run = tmp_path / "run"
+    assert run_cli(capsys, "train", *TINY, "--epochs", "2", "--eval-every", "1", "--out", str(run))[0] == 0
+    rc, out, err = run_cli(capsys, "traps", str(run / "checkpoints" / "2.safetensors"), "--json", "--no-progress")
+    assert rc == 0
+    doc = json.loads(out)
+    names = [m["name"] for m in doc["checkpoints"][0]["matrices"]]
+    assert "blocks.0.attn.W_Q" in names and all("n_traps" in m for m in doc["checkpoints"][0]["matrices"])
+    rc, out, err = run_cli(capsys, "traps", str(tmp_path / "missing"))
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    rc, out, err = run_cli(capsys, "inspect", str(tmp_path))
+    assert rc == 2 and "not a lenslab run directory" in err and "Traceback" not in err
