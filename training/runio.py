@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -244,14 +243,10 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def state_dict_for_save(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in model.state_dict().items()}
-
-
 def save_checkpoint(run_dir: str | Path, epoch: int, model: torch.nn.Module, model_kwargs: dict) -> Path:
     path = checkpoint_path(run_dir, epoch)
     meta = {"format": CKPT_FORMAT, "epoch": str(epoch), "model_hash": model_hash(model_kwargs)}
-    atomic_save_safetensors(path, state_dict_for_save(model), meta)
+    atomic_save_safetensors(path, model.state_dict(), meta)
     return path
 
 
@@ -367,14 +362,3 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
-
-
-def finite_or_none(x: float) -> float | None:
-    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
-
-
-def iter_checkpoint_states(run_dir: str | Path) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
-    """``(epoch, state_dict)`` for every checkpoint in order, reading one file at a time."""
-    for epoch, path in list_checkpoints(run_dir):
-        tensors, _ = read_safetensors(path)
-        yield epoch, tensors

@@ -17,7 +17,6 @@ probes of ``training.gradients``. Checkpoints: every evaluation for the first
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import sys
@@ -334,7 +333,3 @@ def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) 
 def _postfix(row: dict) -> str:
     keys = [("train", "train_acc"), ("val", "validation_acc"), ("adv", "adv_acc"), ("test", "test_acc")]
     return " ".join(f"{name} {row[k]:.3f}" for name, k in keys if row.get(k) is not None)
-
-
-def summary_json(summary: dict) -> str:
-    return json.dumps(summary, indent=2)
