@@ -96,6 +96,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--out", default=None, help="run directory (default runs/<task>-<settings>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out up to --epochs in total")
+    p.add_argument("--seeds", type=_seeds, default=None, help="train these seeds at once (0-7 or 0,3,5) into OUT/seed_<s>/ with the ensemble engine")
+    p.add_argument("--ensemble-size", type=int, default=None, help="members per stacked ensemble with --seeds (default: training.ensemble.DEFAULT_ENSEMBLE)")
 
 
 # flag -> where it lives in config.json (used to check flags given with --resume)
@@ -208,6 +210,10 @@ def cmd_train(a: argparse.Namespace) -> dict:
     from training.trainer import train
 
     given = _given(a)
+    if a.seeds is not None:
+        return _train_seeds(a, given)
+    if a.ensemble_size is not None:
+        raise UserError("--ensemble-size goes with --seeds (e.g. --seeds 0-7 --ensemble-size 4)")
     if a.resume:
         if not a.out:
             raise UserError("--resume needs --out DIR, the run to continue")
@@ -223,6 +229,46 @@ def cmd_train(a: argparse.Namespace) -> dict:
     if not a.json:
         print(_describe(summary, out))
     return summary
+
+
+def _train_seeds(a: argparse.Namespace, given: dict) -> dict:
+    """``--seeds``: one run directory per seed under OUT, trained E at a time on stacked weights."""
+    from training.ensemble import DEFAULT_ENSEMBLE, train_ensemble
+
+    if "seed" in given:
+        raise UserError("give either --seed or --seeds, not both")
+    seeds = a.seeds
+    if len(set(seeds)) != len(seeds):
+        raise UserError(f"--seeds lists a seed twice ({a.seeds}); each seed gets one run directory")
+    size = a.ensemble_size or DEFAULT_ENSEMBLE
+    if size < 1:
+        raise UserError(f"--ensemble-size {size} must be >= 1")
+    if a.out:
+        root = Path(a.out)
+    elif a.resume:
+        raise UserError("--resume needs --out DIR, the folder holding seed_<s>/ runs")
+    else:
+        one = _default_out(_config_from_args(given))
+        root = one.with_name(one.name.rsplit("-s", 1)[0] + "-seeds")
+    outs = [root / f"seed_{s}" for s in seeds]
+    configs = []
+    for s, out in zip(seeds, outs):
+        if a.resume and (out / "config.json").is_file():
+            configs.append(_resume_config(out, given))
+        else:
+            configs.append(_config_from_args({**given, "seed": s}))
+    _log(f"training {len(seeds)} seeds into {root}/seed_<s>/, {size} at a time on stacked weights")
+    summaries = []
+    for i in range(0, len(seeds), size):
+        summaries += train_ensemble(configs[i : i + size], outs[i : i + size], resume=a.resume, progress=not a.no_progress, device=a.device)
+    result = {"root": str(root), "runs": {str(o): s for o, s in zip(outs, summaries)}}
+    if not a.json:
+        for out, summary in zip(outs, summaries):
+            print(_describe(summary, out))
+        if "generalized" in summaries[0]:
+            gen = sum(bool(s["generalized"]) for s in summaries)
+            print(f"generalized: {gen} of {len(summaries)} seeds")
+    return result
 
 
 def cmd_demo(a: argparse.Namespace) -> dict:
