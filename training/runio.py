@@ -9,11 +9,14 @@ Layout (the contract every tool reads; see ``../shared/DESIGN.md``)::
     RUN/metrics.jsonl        one JSON object per evaluation
     RUN/summary.json         generalized?, first epoch at 100 % adv accuracy, final metrics
 
-Nothing here unpickles: checkpoints and splits are safetensors, configs are JSON.
+Nothing here unpickles: checkpoints and splits are safetensors, configs are JSON checked
+against a schema (``check_config``), and a pickle given in their place is refused (``refuse_pickle``).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -35,6 +38,8 @@ RESUME_FORMAT = "lenslab-resume/1"
 CKPT_RE = re.compile(r"^(\d+)\.safetensors$")
 PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"}
 MAX_CONFIG_BYTES = 1 << 20
+MAX_MODEL_BYTES = 1 << 33  # 8 GiB of weights and buffers: refused before anything is built
+TMP_SUFFIX = ".tmp"
 
 
 # -- atomic writes ---------------------------------------------------------------------
@@ -53,7 +58,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file + fsync + rename: readers see old or new, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     os.fchmod(fd, 0o644)  # mkstemp creates 0600; run files are meant to be shared
     try:
         with os.fdopen(fd, "wb") as f:
@@ -74,11 +79,12 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 def atomic_save_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     os.fchmod(fd, 0o644)
     os.close(fd)
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
+        os.chmod(tmp, 0o644)  # save_file writes a new 0600 file over the mkstemp one
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -98,22 +104,33 @@ def append_jsonl(path: str | Path, obj: dict) -> None:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """All complete JSON lines; an incomplete final line (a killed writer) is ignored."""
+    """The metrics rows of ``path``: complete JSON objects with an integer ``epoch``.
+
+    An incomplete final line (a writer killed mid-append) is ignored; a bad line anywhere else
+    is one ``RunError``.
+    """
     path = Path(path)
     if not path.exists():
         return []
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise RunError(f"{path}: cannot read ({e.strerror})") from None
     rows = []
-    raw = path.read_bytes()
     lines = raw.split(b"\n")
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+            row = json.loads(line)
+        except (ValueError, RecursionError):  # bad JSON or UTF-8, too many digits, too deep
             if i == len(lines) - 1:  # torn final line: no trailing newline was written
                 break
             raise RunError(f"{path}: line {i + 1} is not valid JSON; the file is corrupted") from None
+        epoch = row.get("epoch") if isinstance(row, dict) else None
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise RunError(f"{path}: line {i + 1} is not a metrics row (a JSON object with an integer 'epoch')")
+        rows.append(row)
     return rows
 
 
@@ -121,39 +138,108 @@ def rewrite_jsonl(path: str | Path, rows: list[dict]) -> None:
     atomic_write_bytes(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in rows).encode())
 
 
-# -- safetensors reading with clear errors ---------------------------------------------
-def _refuse_pickle(path: Path) -> None:
-    if path.suffix.lower() in PICKLE_SUFFIXES:
-        raise RunError(
-            f"{path}: refusing to load a {path.suffix} (pickle) file: unpickling can run arbitrary code. "
-            "If you trust it, convert it once with: python -c \"import torch, safetensors.torch as st; "
-            f"st.save_file(torch.load('{path.name}', weights_only=True), '{path.stem}.safetensors')\""
-        )
+def read_json(path: str | Path, what: str = "JSON file", max_bytes: int = MAX_CONFIG_BYTES) -> Any:
+    """A small JSON document; unreadable, oversized, non-UTF-8 or malformed input is one ``RunError``."""
+    path = Path(path)
     try:
-        with open(path, "rb") as f:
-            head = f.read(4)
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise RunError(f"{path}: {size:,} bytes is too large for a {what}")
+        return json.loads(path.read_bytes())
     except OSError as e:
         raise RunError(f"{path}: cannot read ({e.strerror})") from None
-    if head[:2] == b"PK" or head[:1] == b"\x80":
-        raise RunError(
-            f"{path}: this is a pickle/zip (torch.save) file, not safetensors; lenslab never unpickles. "
-            "Convert a trusted file with safetensors.torch.save_file(torch.load(path, weights_only=True), new_path)"
-        )
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, int-digit limit, nesting
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise RunError(f"{path}: not a valid {what} ({msg})") from None
+
+
+# -- refusing pickles ------------------------------------------------------------------
+def _convert_hint(path: Path) -> str:
+    return (
+        "if you trust it, convert it once with: python -c \"import torch, safetensors.torch as st; "
+        f"st.save_file(torch.load('{path.name}', weights_only=True), '{path.stem}.safetensors')\""
+    )
+
+
+def _looks_like_pickle(path: Path) -> bool:
+    """A torch.save zip or a raw pickle, and not a plausible safetensors file.
+
+    A safetensors file starts with its header length (u64, little endian) and then ``{``; its
+    first byte can be 0x80 (a pickle's first byte) too, so the ``{`` at offset 8 decides.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+        size = path.stat().st_size
+    except OSError as e:
+        raise RunError(f"{path}: cannot read ({e.strerror})") from None
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8:
+        return False
+    return head[:4] == b"PK\x03\x04" or (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
+
+
+def refuse_pickle(path: str | Path) -> None:
+    """Raise a ``RunError`` saying why and how to convert, if ``path`` is a pickle (by name or content)."""
+    path = Path(path)
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        raise RunError(f"{path}: refusing to load a {path.suffix} (pickle) file: unpickling can run arbitrary code; {_convert_hint(path)}")
+    if path.is_file() and _looks_like_pickle(path):
+        raise RunError(f"{path}: this is a pickle/zip (torch.save) file, not safetensors; lenslab never unpickles; {_convert_hint(path)}")
+
+
+def refuse_pickle_inputs(*paths: str | Path | None) -> None:
+    """The CLI's guard: any pickle file given as an input, or a weights folder that holds only pickles, is refused."""
+    for p in paths:
+        if p is None:
+            continue
+        p = Path(p)
+        if p.is_file():
+            refuse_pickle(p)
+        elif p.is_dir() and not (p / "config.json").is_file() and not any(p.glob("*.safetensors")):
+            pickles = sorted(q for q in p.iterdir() if q.suffix.lower() in PICKLE_SUFFIXES and q.is_file())
+            if pickles:
+                raise RunError(
+                    f"{p}: holds only pickle weights ({pickles[0].name}{', ...' if len(pickles) > 1 else ''}) and no safetensors; "
+                    f"lenslab never unpickles (it can run arbitrary code); {_convert_hint(pickles[0])}"
+                )
+
+
+# -- safetensors reading with clear errors ---------------------------------------------
+DTYPE_NAMES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+}
+Layout = dict[str, tuple[str, tuple[int, ...]]]  # tensor name -> (safetensors dtype, shape)
+
+
+def _unreadable(path: Path, e: Exception) -> RunError:
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return RunError(f"{path}: not a readable safetensors file ({msg})")
+
+
+def read_header(path: str | Path) -> tuple[Layout, dict[str, str]]:
+    """Names, dtypes and shapes (no tensor data is read) and the metadata of a safetensors file."""
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"{path}: no such file")
+    refuse_pickle(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            layout = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}  # noqa: SIM118
+            metadata = dict(f.metadata() or {})
+    except Exception as e:  # noqa: BLE001 (safetensors raises several types for truncated/garbled files)
+        raise _unreadable(path, e) from None
+    return layout, metadata
 
 
 def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensors and metadata of a safetensors file; any corruption becomes one ``RunError`` line."""
     path = Path(path)
-    if not path.is_file():
-        raise RunError(f"{path}: no such file")
-    _refuse_pickle(path)
+    _, metadata = read_header(path)
     try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = dict(f.metadata() or {})
         tensors = load_file(str(path))
-    except Exception as e:  # safetensors raises several types for truncated/garbled files
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise RunError(f"{path}: not a readable safetensors file ({msg})") from None
+    except Exception as e:  # noqa: BLE001
+        raise _unreadable(path, e) from None
     return tensors, metadata
 
 
@@ -168,13 +254,24 @@ MODEL_LIMITS = {  # generous bounds, checked before anything is allocated
     "d_vocab_out": (2, 1 << 20),
     "n_ctx": (1, 1 << 16),
 }
-MODEL_KEYS = set(MODEL_LIMITS) | {
-    "act_fn",
-    "normalization_type",
-    "positional_embedding_type",
-    "attn_only",
-    "default_prepend_bos",
+MODEL_CHOICES = {  # optional fields: (HookedTransformerConfig's default, the values lenslab builds)
+    "act_fn": ("relu", ("relu", "gelu", "gelu_new", "silu", "solu_ln")),
+    "normalization_type": ("LN", (None, "LN", "LNPre")),
+    "positional_embedding_type": ("standard", ("standard", "shortcut")),
+    "attn_only": (False, (False, True)),
+    "default_prepend_bos": (True, (False, True)),
 }
+MODEL_KEYS = set(MODEL_LIMITS) | set(MODEL_CHOICES)
+CONFIG_KEYS = {"format", "lenslab_version", "task", "model", "train"}
+
+
+def model_bytes(model: dict) -> int:
+    """An upper bound on what ``HookedTransformer(config)`` allocates: float32 weights plus the causal masks."""
+    d, L, h, dh, ctx = model["d_model"], model["n_layers"], model["n_heads"], model["d_head"], model["n_ctx"]
+    mlp = 0 if model.get("attn_only") else 2 * d * model["d_mlp"] + model["d_mlp"] + d
+    per_layer = 4 * h * d * dh + 3 * h * dh + d + mlp + 4 * d
+    params = model["d_vocab"] * d + ctx * d + L * per_layer + 2 * d + (d + 1) * model["d_vocab_out"]
+    return 4 * params + L * ctx * ctx  # masks: one [n_ctx, n_ctx] bool buffer per layer
 
 
 def check_model_kwargs(model: Any, where: str = "config.json") -> dict:
@@ -190,13 +287,13 @@ def check_model_kwargs(model: Any, where: str = "config.json") -> dict:
         v = model[key]
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise ConfigError(f"{where}: model.{key}={v!r} must be an integer in [{lo}, {hi}]")
-    n_params = model["n_layers"] * (4 * model["d_model"] * model["n_heads"] * model["d_head"] + 2 * model["d_model"] * model["d_mlp"])
-    if n_params > 2e9:
-        raise ConfigError(f"{where}: the model would have ~{n_params:.2e} parameters; refusing to allocate it")
-    if model.get("act_fn", "relu") not in {"relu", "gelu", "gelu_new", "silu", "solu_ln"}:
-        raise ConfigError(f"{where}: model.act_fn={model.get('act_fn')!r} is not supported")
-    if model.get("normalization_type") not in {None, "LN", "LNPre"}:
-        raise ConfigError(f"{where}: model.normalization_type={model.get('normalization_type')!r} must be null, 'LN' or 'LNPre'")
+    for key, (default, allowed) in MODEL_CHOICES.items():
+        v = model.get(key, default)
+        if not any(type(v) is type(a) and v == a for a in allowed):  # exact types: 1 is not True, 0.0 is not False
+            raise ConfigError(f"{where}: model.{key}={v!r} is not supported; use one of {list(allowed)}")
+    need = model_bytes(model)
+    if need > MAX_MODEL_BYTES:
+        raise ConfigError(f"{where}: the model would take ~{need / 2**30:.1f} GiB (weights and attention masks); refusing to allocate it (limit {MAX_MODEL_BYTES / 2**30:.0f} GiB)")
     return model
 
 
@@ -204,25 +301,65 @@ def model_hash(model: dict) -> str:
     return hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _known_blocks(task_name: str) -> tuple[set[str], set[str]]:
+    """The task and train fields a config of ``task_name`` has: those the config builders write."""
+    from training.config import modadd_run_config, mpsp_run_config
+
+    ref = mpsp_run_config() if task_name == "mpsp" else modadd_run_config()
+    return set(ref["task"]), set(ref["train"])
+
+
+def check_config(cfg: Any, where: str = "config.json") -> dict:
+    """Schema check of a whole run config (fields, types, bounds) before anything is built."""
+    from tasks.errors import LenslabError
+    from training.config import check_train
+    from training.run import task_from_config
+
+    if not isinstance(cfg, dict):
+        raise RunError(f"{where}: expected a JSON object")
+    if cfg.get("format") != RUN_FORMAT:
+        raise RunError(f"{where}: format {cfg.get('format')!r} is not {RUN_FORMAT!r}; not a lenslab run")
+    unknown = sorted(set(cfg) - CONFIG_KEYS)
+    if unknown:
+        raise RunError(f"{where}: unknown top-level field(s) {unknown}; a run config has {sorted(CONFIG_KEYS)}")
+    for key in ("task", "model", "train"):
+        if not isinstance(cfg.get(key), dict):
+            raise RunError(f"{where}: missing or malformed {key!r} block")
+    check_model_kwargs(cfg["model"], where)
+    name = cfg["task"].get("name")
+    if name not in ("mpsp", "modadd"):
+        raise RunError(f"{where}: task.name={name!r} must be 'mpsp' or 'modadd'")
+    for block, known in zip(("task", "train"), _known_blocks(name)):
+        missing, extra = sorted(known - set(cfg[block])), sorted(set(cfg[block]) - known)
+        if missing or extra:
+            raise RunError(f"{where}: {block} block: missing {missing}, unknown {extra}; expected exactly {sorted(known)}")
+    task = cfg["task"]
+    if name == "mpsp":  # bound the sequence space before MPSPTask computes n_values**seq_len
+        for key, hi in (("seq_len", 64), ("n_values", 1 << 20)):
+            v = task[key]
+            if isinstance(v, bool) or not isinstance(v, int) or not 2 <= v <= hi:
+                raise RunError(f"{where}: task.{key}={v!r} must be an integer in [2, {hi}]")
+    seed = task["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise RunError(f"{where}: task.seed={seed!r} must be an integer in [0, 2**63)")
+    try:
+        task_from_config(task)
+        if name == "mpsp":
+            from tasks.splits import check_ratio
+
+            check_ratio(task["ratio"])
+        check_train(cfg)
+    except LenslabError as e:
+        raise RunError(f"{where}: {e}") from None
+    return cfg
+
+
 def read_config(run_dir: str | Path) -> dict:
+    """``RUN/config.json``, parsed and schema-checked (see ``check_config``)."""
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise RunError(f"{run_dir}: not a lenslab run directory (no config.json)")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise RunError(f"{path}: {path.stat().st_size:,} bytes is too large for a config")
-    try:
-        cfg = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise RunError(f"{path}: expected a JSON object")
-    for key in ("task", "model", "train"):
-        if not isinstance(cfg.get(key), dict):
-            raise RunError(f"{path}: missing or malformed {key!r} block")
-    if cfg.get("format") != RUN_FORMAT:
-        raise RunError(f"{path}: format {cfg.get('format')!r} is not {RUN_FORMAT!r}; not a lenslab run")
-    check_model_kwargs(cfg["model"], str(path))
-    return cfg
+    return check_config(read_json(path, "config"), str(path))
 
 
 # -- checkpoints -----------------------------------------------------------------------
@@ -250,112 +387,161 @@ def save_checkpoint(run_dir: str | Path, epoch: int, model: torch.nn.Module, mod
     return path
 
 
-def check_state_dict(state: dict[str, torch.Tensor], model: torch.nn.Module, where: str) -> None:
-    """Same keys, shapes and dtypes as ``model``, and finite values; else one clear line."""
+def check_layout(layout: Layout, model: torch.nn.Module, where: str) -> None:
+    """Same names, shapes and dtypes as ``model``'s state dict; else one clear line."""
     expected = model.state_dict()
-    params = {name for name, _ in model.named_parameters()}
-    missing = sorted(set(expected) - set(state))
-    extra = sorted(set(state) - set(expected))
+    missing = sorted(set(expected) - set(layout))
+    extra = sorted(set(layout) - set(expected))
     if missing or extra:
         raise RunError(
             f"{where}: checkpoint does not match this run's model config "
             f"(missing {missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected {extra[:3]}{'...' if len(extra) > 3 else ''})"
         )
     for k, v in expected.items():
-        if tuple(state[k].shape) != tuple(v.shape):
-            raise RunError(f"{where}: {k} has shape {tuple(state[k].shape)}, the config expects {tuple(v.shape)}: a checkpoint from a different config")
-        if state[k].dtype != v.dtype:
-            raise RunError(f"{where}: {k} has dtype {state[k].dtype}, expected {v.dtype}")
-        if k in params and not torch.isfinite(state[k]).all():
-            raise RunError(f"{where}: {k} contains NaN or inf")
+        dtype, shape = layout[k]
+        if shape != tuple(v.shape):
+            raise RunError(f"{where}: {k} has shape {shape}, the config expects {tuple(v.shape)}: a checkpoint from a different config")
+        if dtype != DTYPE_NAMES.get(v.dtype):
+            raise RunError(f"{where}: {k} has dtype {dtype}, expected {DTYPE_NAMES.get(v.dtype, v.dtype)}")
+
+
+def check_state_dict(state: dict[str, torch.Tensor], model: torch.nn.Module, where: str) -> None:
+    """Same keys, shapes and dtypes as ``model``, and finite values; else one clear line."""
+    check_layout({k: (DTYPE_NAMES.get(t.dtype, str(t.dtype)), tuple(t.shape)) for k, t in state.items()}, model, where)
+    for name, _ in model.named_parameters():
+        if not torch.isfinite(state[name]).all():
+            raise RunError(f"{where}: {name} contains NaN or inf")
 
 
 def load_checkpoint_into(model: torch.nn.Module, path: str | Path, model_kwargs: dict | None = None) -> dict[str, str]:
-    """Load a model checkpoint into ``model`` after checking it; returns its metadata."""
-    tensors, meta = read_safetensors(path)
-    if meta.get("format") not in (CKPT_FORMAT, None) and meta.get("format") != RESUME_FORMAT:
-        raise RunError(f"{path}: format {meta.get('format')!r} is not a lenslab checkpoint")
-    if meta.get("format") == RESUME_FORMAT:
-        tensors = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+    """Load a model checkpoint into ``model`` after checking it (layout before reading any data); returns its metadata."""
+    layout, meta = read_header(path)
+    fmt = meta.get("format")
+    if fmt not in (CKPT_FORMAT, RESUME_FORMAT, None):
+        raise RunError(f"{path}: format {fmt!r} is not a lenslab checkpoint")
     if model_kwargs is not None and meta.get("model_hash") not in (None, model_hash(model_kwargs)):
         raise RunError(f"{path}: checkpoint was written for a different model config (hash {meta['model_hash']} != {model_hash(model_kwargs)})")
+    prefix = "model." if fmt == RESUME_FORMAT else ""
+    check_layout({k[len(prefix) :]: v for k, v in layout.items() if k.startswith(prefix)}, model, str(path))
+    tensors, _ = read_safetensors(path)
+    tensors = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
     check_state_dict(tensors, model, str(path))
     model.load_state_dict(tensors, strict=True)
     return meta
 
 
 # -- splits ----------------------------------------------------------------------------
+SPLIT_PARTS = ("tokens", "labels", "shortcut")
+
+
 def save_splits(run_dir: str | Path, splits: dict[str, torch.Tensor]) -> None:
     atomic_save_safetensors(Path(run_dir) / "splits.safetensors", splits, {"format": "lenslab-splits/1"})
 
 
-def load_splits(run_dir: str | Path, n_ctx: int | None = None, d_vocab: int | None = None) -> dict[str, torch.Tensor]:
+def _check_split_layout(path: Path, layout: Layout, n_ctx: int | None) -> None:
+    """int64 ``<split>_tokens [n, n_ctx]`` with ``_labels [n]`` (and optional ``_shortcut [n]``), n >= 1, a train split."""
+    splits = {}
+    for name, (dtype, shape) in layout.items():
+        split, _, part = name.rpartition("_")
+        if not split or part not in SPLIT_PARTS:
+            raise RunError(f"{path}: unexpected tensor {name!r}; a splits file holds <split>_tokens / _labels / _shortcut")
+        if dtype != "I64":
+            raise RunError(f"{path}: {name} has dtype {dtype}, expected I64 (int64)")
+        splits.setdefault(split, {})[part] = shape
+    if "train" not in splits:
+        raise RunError(f"{path}: no train split (train_tokens / train_labels)")
+    for split, parts in splits.items():
+        tok = parts.get("tokens")
+        if tok is None or len(tok) != 2 or tok[0] < 1 or (n_ctx is not None and tok[1] != n_ctx):
+            raise RunError(f"{path}: {split}_tokens has shape {tok}, expected [n >= 1, {n_ctx if n_ctx is not None else 'n_ctx'}]")
+        for part in ("labels", "shortcut"):
+            if (part in parts or part == "labels") and parts.get(part) != (tok[0],):
+                raise RunError(f"{path}: {split}_{part} has shape {parts.get(part)}, expected [{tok[0]}] (one per {split} sequence)")
+
+
+def load_splits(
+    run_dir: str | Path, n_ctx: int | None = None, d_vocab: int | None = None, n_classes: int | None = None
+) -> dict[str, torch.Tensor]:
+    """The run's splits, after checking names, dtypes and shapes (before reading) and token / label ranges."""
     path = Path(run_dir) / "splits.safetensors"
+    layout, _ = read_header(path)
+    _check_split_layout(path, layout, n_ctx)
     tensors, _ = read_safetensors(path)
     for name, t in tensors.items():
-        if t.dtype != torch.int64:
-            raise RunError(f"{path}: {name} has dtype {t.dtype}, expected int64")
-        if name.endswith("_tokens"):
-            if t.ndim != 2 or (n_ctx is not None and t.shape[1] != n_ctx):
-                raise RunError(f"{path}: {name} has shape {tuple(t.shape)}, expected [n, {n_ctx}]")
-            if d_vocab is not None and t.numel() and (t.min() < 0 or t.max() >= d_vocab):
-                raise RunError(f"{path}: {name} holds token ids outside [0, {d_vocab})")
-    for name in [n for n in tensors if n.endswith("_tokens")]:
-        split = name[: -len("_tokens")]
-        if f"{split}_labels" not in tensors or tensors[f"{split}_labels"].shape[0] != tensors[name].shape[0]:
-            raise RunError(f"{path}: {split}_labels is missing or has the wrong length")
+        hi = d_vocab if name.endswith("_tokens") else n_classes
+        if hi is not None and (t.min() < 0 or t.max() >= hi):
+            raise RunError(f"{path}: {name} holds values outside [0, {hi}); the splits do not fit this run's model")
     return tensors
 
 
 # -- the writer lock -------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def remove_stale_temps(run_dir: str | Path) -> list[Path]:
+    """Delete the ``.<name>.*.tmp`` files a killed writer left in ``run_dir`` and its ``checkpoints/``.
+
+    Only safe while holding the run's lock (no other writer can own them); ``RunLock`` calls it.
+    """
+    removed = []
+    for d in (Path(run_dir), Path(run_dir) / "checkpoints"):
+        if not d.is_dir():
+            continue
+        for p in d.iterdir():
+            if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX) and p.is_file():
+                p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed
 
 
 class RunLock:
-    """An exclusive lock file ``RUN/.lock`` holding ``host pid``; a dead owner's lock is recovered."""
+    """An exclusive ``flock`` on ``RUN/.lock`` (which names its holder's host and pid).
+
+    The kernel drops the lock when its process dies, however it dies (kill -9 included), so a
+    lock left by a killed writer never blocks the next one. On taking it, temp files that a
+    killed writer left behind are removed.
+    """
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / ".lock"
-        self.held = False
+        self.fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
 
     def acquire(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        me = f"{socket.gethostname()} {os.getpid()}\n"
-        for _ in range(3):
+        for _ in range(10):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                owner = self.path.read_text(errors="replace").split() if self.path.exists() else []
-                host, pid = (owner + ["", ""])[:2]
-                if host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)):
-                    self.path.unlink(missing_ok=True)  # stale: its process is gone
-                    continue
-                if not pid:
-                    self.path.unlink(missing_ok=True)  # empty lock from a writer killed mid-create
-                    continue
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                owner = os.pread(fd, 200, 0).decode(errors="replace").split()
+                os.close(fd)
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise RunError(f"{self.path}: cannot lock the run directory ({e.strerror}); use a local file system") from None
+                host, pid = (owner + ["?", "?"])[:2]
                 raise RunError(
-                    f"{self.path.parent}: another lenslab process (pid {pid} on {host or '?'}) is writing this run; "
-                    f"wait for it, or delete {self.path} if you are sure it is dead"
+                    f"{self.path.parent}: another lenslab process (pid {pid} on {host}) is writing this run; "
+                    "wait for it to finish or stop it (its lock goes away when it exits, even if killed)"
                 ) from None
-            with os.fdopen(fd, "w") as f:
-                f.write(me)
-                f.flush()
-                os.fsync(f.fileno())
-            self.held = True
+            try:  # the previous holder may have unlinked the file between our open and our flock
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{socket.gethostname()} {os.getpid()}\n".encode(), 0)
+            self.fd = fd
+            remove_stale_temps(self.path.parent)
             return self
-        raise RunError(f"{self.path}: could not take the run lock")
+        raise RunError(f"{self.path}: could not take the run lock (it keeps being replaced)")
 
     def release(self) -> None:
-        if self.held:
-            self.path.unlink(missing_ok=True)
-            self.held = False
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)  # while still locked: a waiter holding the old file sees it is gone
+            os.close(self.fd)
+            self.fd = None
 
     def __enter__(self) -> "RunLock":
         return self.acquire()

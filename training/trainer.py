@@ -308,11 +308,11 @@ def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) 
                     loss.backward()
                     opt.step()
                     loss_sum += loss.detach()
-                if not torch.isfinite(loss_sum):
-                    last = rows[-1]["epoch"] if rows else 0
+                if not (torch.isfinite(loss_sum) and all(torch.isfinite(p).all() for p in model.parameters())):
+                    last = rows[-1]["epoch"] if rows else 0  # the last step can poison the weights after a finite loss
                     atomic_write_json(out / "summary.json", _summarize(config, rows, last, "diverged"))
                     raise TrainingDiverged(
-                        f"training diverged at epoch {epoch} (loss is NaN/inf); the last good state is epoch {last} "
+                        f"training diverged at epoch {epoch} (loss or weights are NaN/inf); the last good state is epoch {last} "
                         f"in {out}/checkpoints: lower --lr and start a new run"
                     )
                 bar.update(1)
