@@ -5,8 +5,9 @@
     lenslab.report.write_report("runs/demo/report.html", "demo", sections)
 
 Kept fast on full runs: ≤ ``max_pairs`` (256) patching pairs on the final model, ≤ 40
-checkpoints (evenly spread) and ≤ 64 pairs per checkpoint for the evolution; the limits used
-are recorded in ``result["limits"]``.
+checkpoints (evenly spread) and ≤ 64 pairs per checkpoint for the evolution, correlation traps
+(robust mode, one shuffle) on ≤ ``trap_checkpoints`` (40) checkpoints; the limits used are
+recorded in ``result["limits"]``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,36 @@ def _open(run_or_path) -> Run:
     return run_or_path if isinstance(run_or_path, Run) else Run.open(run_or_path)
 
 
-def inspect_run(run_dir, max_pairs: int = 256, max_checkpoints: int = 40, evolution_pairs: int = 64, max_examples: int = 1024, seed: int = 0) -> dict:
-    """Ablation, patching, fingerprints on the final (or focused) checkpoint, plus evolution."""
+def trap_summary(run: Run, epoch: int, max_checkpoints: int = 40, seed: int = 0) -> dict:
+    """Robust-mode trap counts per matrix over ≤ ``max_checkpoints`` checkpoints of ``run``.
+
+    ``esd_matrix`` is the matrix whose ESD the report draws: at the checkpoint nearest ``epoch``,
+    the one with the most traps (ties: the largest, N·M).
+    """
+    from interp.spectral import trap_counts_over_run
+
+    rows = trap_counts_over_run(run.path, mode="robust", seed=seed, max_checkpoints=max_checkpoints)
+    epochs = sorted({r["epoch"] for r in rows})
+    ok = [r for r in rows if r["error"] is None]
+    esd_epoch = min((r["epoch"] for r in ok), key=lambda e: abs(e - epoch), default=None)
+    at = [r for r in ok if r["epoch"] == esd_epoch]
+    best = max(at, key=lambda r: (r["n_traps"], r["N"] * r["M"]), default=None)
+    return {
+        "mode": "robust",
+        "seed": seed,
+        "epochs_used": epochs,
+        "n_checkpoints": len(run.epochs()),
+        "rows": rows.to_records(),
+        "final": {r["matrix"]: r["n_traps"] for r in rows if r["epoch"] == (epochs[-1] if epochs else None)},
+        "esd_epoch": esd_epoch,
+        "esd_matrix": best["matrix"] if best else None,
+    }
+
+
+def inspect_run(
+    run_dir, max_pairs: int = 256, max_checkpoints: int = 40, evolution_pairs: int = 64, max_examples: int = 1024, seed: int = 0, trap_checkpoints: int = 40
+) -> dict:
+    """Ablation, patching, fingerprints on the final (or focused) checkpoint, plus evolution and traps."""
     run = _open(run_dir)
     if not run.is_mpsp:
         raise InterpError(f"{run.path}: inspect supports MPSP runs only (task {run.config['task'].get('name')!r})")
@@ -50,6 +79,7 @@ def inspect_run(run_dir, max_pairs: int = 256, max_checkpoints: int = 40, evolut
     )
     evo = circuit_evolution(run, max_checkpoints=max_checkpoints, max_pairs=evolution_pairs, max_examples=min(512, max_examples), seed=seed)
     n_pairs = next(iter(next(iter(grids.values())).values())).n_pairs
+    traps = trap_summary(run, epoch, max_checkpoints=trap_checkpoints, seed=seed)
     return {
         "run": str(run.path),
         "epoch": epoch,
@@ -63,7 +93,13 @@ def inspect_run(run_dir, max_pairs: int = 256, max_checkpoints: int = 40, evolut
             "activations": activation_fingerprints(model, data["validation"][0], task.k).to_records(),
         },
         "evolution": {"rows": evo["rows"].to_records(), "head_rows": evo["head_rows"].to_records(), "epochs_used": evo["epochs_used"], "n_checkpoints": evo["n_checkpoints"]},
-        "limits": {"patching_pairs": n_pairs, "max_examples": max_examples, "evolution": evo["note"]},
+        "traps": traps,
+        "limits": {
+            "patching_pairs": n_pairs,
+            "max_examples": max_examples,
+            "evolution": evo["note"],
+            "traps": f"robust mode, seed {seed}, 1 shuffle, {len(traps['epochs_used'])} of {traps['n_checkpoints']} checkpoints",
+        },
     }
 
 
@@ -113,6 +149,7 @@ def inspection_sections(run_dir, result: dict, n_examples: int = 2) -> list[tupl
             grid = PatchGrid(kind=k, direction=d, values=torch.tensor(g["values"]), n_pairs=g["n_pairs"], ld_source=g["ld_source"], ld_receiver=g["ld_receiver"])
             patch_items.append(visual.patching_figure(grid))
     sections.append(("Cross-split patching", patch_items))
+    sections.append(("Correlation traps", _trap_items(run, result["traps"])))
     model = run.model(result["epoch"])
     views = []
     for split in ("validation", "counterfactual"):
@@ -121,6 +158,29 @@ def inspection_sections(run_dir, result: dict, n_examples: int = 2) -> list[tupl
             views.append(visual.attention_view(model, tok, run.task.n_values, title=f"{split} #{i}: label {int(run.splits[f'{split}_labels'][i])}, shortcut {int(run.splits[f'{split}_shortcut'][i])}"))
     sections.append(("Attention (readout is the last row)", views))
     return sections
+
+
+def _trap_items(run: Run, traps: dict) -> list:
+    from interp.spectral import esd_figure, extract_matrices, trap_count_figure
+
+    note = (
+        f"Correlation traps (Prakash & Martin): eigenvalues of the entry-shuffled weight matrix's correlation matrix above the "
+        f"Marchenko–Pastur bulk edge plus a Tracy–Widom allowance; {traps['mode']} mode (σ fitted on the bulk), seed {traps['seed']}, "
+        f"{len(traps['epochs_used'])} of {traps['n_checkpoints']} checkpoints."
+    )
+    items = [note]
+    rows = traps["rows"]
+    if not rows:
+        return items + ["no matrix could be analysed"]
+    items.append(trap_count_figure(rows, run.metrics))
+    errors = sorted({f"{r['matrix']}: {r['error']}" for r in rows if r["error"]})
+    items += [f"not analysed: {e}" for e in errors]
+    if traps["esd_matrix"] is not None:
+        w = extract_matrices(run.model(traps["esd_epoch"])).matrices[traps["esd_matrix"]]
+        items.append(esd_figure(w, f"{traps['esd_matrix']} (epoch {traps['esd_epoch']})", mode=traps["mode"], seed=traps["seed"]))
+    last = traps["epochs_used"][-1]
+    items.append(_table_html([r for r in rows if r["epoch"] == last], ["matrix", "n_traps", "lambda_plus", "threshold"]))
+    return items
 
 
 def write_inspection(run_dir, path: str | Path | None = None, **kwargs) -> tuple[dict, Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from pathlib import Path
 
 from interp.spectral.errors import SpectralError
@@ -61,17 +62,21 @@ def _jsd_rows(run_dir: Path, epoch: int | None, mode: str, seed: int) -> list[di
 
 
 def traps_command(path, mode: str = "robust", seed: int = 0, n_shuffles: int = 1, jsd: bool = False, workers: int = 2,
-                  executor: str = "local", progress: bool = True) -> dict:
+                  executor: str = "local", progress: bool = True, epochs: Collection[int] | None = None) -> dict:
     """Trap rows for every checkpoint (or the one file / shard folder) at ``path``.
 
     Returns ``{"kind", "path", "mode", "seed", "checkpoints": [{"checkpoint", "epoch", "matrices", "skipped"[, "jsd"]}]}``;
     for shards all files form one entry. ``jsd=True`` (run dirs and checkpoints only) adds trap-replacement J_k rows.
+    ``epochs`` (run directories only) keeps just those checkpoints.
     """
     if mode not in MODES:
         raise SpectralError(f"--mode {mode!r} is not one of {MODES}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise SpectralError(f"--seed {seed!r} must be an integer")
     kind, items, run_dir = resolve(path)
+    if epochs is not None and kind == "run":
+        wanted = set(epochs)
+        items = [(e, f) for e, f in items if e in wanted]
     if jsd and run_dir is None:
         raise SpectralError(f"{path}: --jsd needs a lenslab run (its config builds the model); shard folders have none")
     groups = [(str(Path(path)), None, [f for _, f in items])] if kind == "shards" else [(str(f), e, [f]) for e, f in items]

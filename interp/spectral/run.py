@@ -1,4 +1,4 @@
-"""Trap counts per matrix over every checkpoint of a run, aligned with the run's accuracies."""
+"""Trap counts per matrix over the checkpoints of a run, aligned with the run's accuracies."""
 
 from __future__ import annotations
 
@@ -9,15 +9,18 @@ from interp.spectral.command import traps_command
 
 
 def trap_counts_over_run(path: str | Path, mode: str = "robust", seed: int = 0, n_shuffles: int = 1, workers: int = 2,
-                         progress: bool = False) -> Table:
-    """Tidy rows ``{epoch, matrix, n_traps, n_traps_mean, n_traps_std, lambda_plus, threshold, error, <acc keys>}``.
+                         progress: bool = False, max_checkpoints: int | None = None) -> Table:
+    """Tidy rows ``{epoch, matrix, N, M, n_traps, n_traps_mean, n_traps_std, lambda_plus, threshold, error, <acc keys>}``.
 
+    Every checkpoint, or at most ``max_checkpoints`` spread evenly (first and last kept).
     Accuracy keys are every ``*_acc`` field of the metrics.jsonl row with the same epoch (None if absent).
     """
+    from interp.evolution import select_checkpoints
     from training.run import Run
 
-    result = traps_command(path, mode=mode, seed=seed, n_shuffles=n_shuffles, workers=workers, progress=progress)
     run = Run.open(path)
+    epochs = None if max_checkpoints is None else select_checkpoints(run.epochs(), max_checkpoints)
+    result = traps_command(path, mode=mode, seed=seed, n_shuffles=n_shuffles, workers=workers, progress=progress, epochs=epochs)
     by_epoch = {m.get("epoch"): m for m in run.metrics}
     acc_keys = sorted({k for m in run.metrics for k in m if k.endswith("_acc")})
     rows = Table()
@@ -29,6 +32,8 @@ def trap_counts_over_run(path: str | Path, mode: str = "robust", seed: int = 0, 
                 {
                     "epoch": ck["epoch"],
                     "matrix": r["name"],
+                    "N": r["N"],
+                    "M": r["M"],
                     "n_traps": r["n_traps"],
                     "n_traps_mean": r["n_traps_mean"],
                     "n_traps_std": r["n_traps_std"],

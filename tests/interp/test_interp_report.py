@@ -10,6 +10,7 @@ import json
 import re
 
 import plotly.graph_objects as go
+import pytest
 
 from interp.inspect import inspect_run, inspection_sections
 from interp.visual import AttentionView, attention_view
@@ -68,15 +69,47 @@ def v_attention(trained, splits):
     return trained.run_with_cache(splits["validation_tokens"][:1])[1]["blocks.0.attn.hook_pattern"][0, :1]
 
 
-def test_inspect_run_end_to_end(fake_run):
-    result = inspect_run(fake_run, max_pairs=64, max_examples=128)
+@pytest.fixture(scope="module")
+def inspected(fake_run):
+    return inspect_run(fake_run, max_pairs=64, max_examples=128, trap_checkpoints=3)
+
+
+def test_inspect_run_end_to_end(fake_run, inspected):
+    result = inspected
     json.dumps(result)  # numbers only
     assert result["limits"]["patching_pairs"] == 64
     assert set(result["patching"]) == {"validation->counterfactual", "counterfactual->validation"}
     assert len(result["evolution"]["rows"]) == len(result["evolution"]["epochs_used"])
     sections = inspection_sections(fake_run, result)
     headings = [h for h, _ in sections]
-    for h in ("Accuracy", "Gradient dynamics", "Circuit evolution", "Cross-split patching", "Attention (readout is the last row)"):
+    for h in ("Accuracy", "Gradient dynamics", "Circuit evolution", "Cross-split patching", "Correlation traps", "Attention (readout is the last row)"):
         assert h in headings
     html = write_report(fake_run / "report.html", "demo", sections).read_text()
     assert resource_loads(html) == []
+
+
+def test_inspect_run_traps(fake_run, inspected):
+    """The report's trap numbers equal detect_traps on each checkpoint's matrices, taken in memory."""
+    from interp.spectral import detect_traps, extract_matrices
+    from training.run import Run
+
+    result = inspected
+    traps = result["traps"]
+    run = Run.open(fake_run)
+    assert traps["n_checkpoints"] == 4 and len(traps["epochs_used"]) == 3
+    assert traps["epochs_used"][0] == 0 and traps["epochs_used"][-1] == 120  # first and last kept
+    for epoch in traps["epochs_used"]:
+        mats = extract_matrices(run.model(epoch)).matrices
+        got = {r["matrix"]: (r["n_traps"], r["lambda_plus"]) for r in traps["rows"] if r["epoch"] == epoch}
+        assert set(got) == set(mats)
+        for name, w in mats.items():
+            ref = detect_traps(w, name, mode="robust", seed=0)
+            assert got[name][0] == ref.n_traps and got[name][1] == pytest.approx(ref.lambda_plus, rel=1e-9)
+    assert traps["final"] == {r["matrix"]: r["n_traps"] for r in traps["rows"] if r["epoch"] == 120}
+    at = [r for r in traps["rows"] if r["epoch"] == traps["esd_epoch"]]
+    assert traps["esd_epoch"] == result["epoch"] and traps["esd_matrix"] == max(at, key=lambda r: (r["n_traps"], r["N"] * r["M"]))["matrix"]
+    items = dict(inspection_sections(fake_run, result))["Correlation traps"]
+    figs = [i for i in items if isinstance(i, go.Figure)]
+    assert len(figs) == 2  # trap counts under the accuracy curves; the ESD with its MP fit
+    assert {"train_acc", "blocks.0.mlp.W_in"} <= {t.name for t in figs[0].data}
+    assert traps["esd_matrix"] in figs[1].layout.title.text

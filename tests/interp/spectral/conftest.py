@@ -1,4 +1,4 @@
-"""Shared fixtures: planted-trap matrices and a tiny modular-addition run directory."""
+"""Shared fixtures: a synthetic shard folder and a tiny modular-addition run directory (helpers: spectral_helpers)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,18 @@ import json
 
 import pytest
 import torch
+from spectral_helpers import P, write_shard_folder
 
 from tasks import ModAddTask, make_modadd_splits
+from training.config import modadd_run_config
 from training.presets import build_model, modadd_model_config
-from training.runio import RUN_FORMAT, append_jsonl, save_checkpoint, save_splits
-
-P = 13
+from training.runio import append_jsonl, save_checkpoint, save_splits
 
 
-def planted(n: int, m: int, spikes: list[float], seed: int = 0) -> torch.Tensor:
-    """N(0, 1) entries with ``len(spikes)`` entries set to the given huge values at random positions."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, m, generator=g, dtype=torch.float64)
-    idx = torch.randperm(n * m, generator=g)[: len(spikes)]
-    w.view(-1)[idx] = torch.tensor(spikes, dtype=torch.float64)
-    return w
+@pytest.fixture
+def shard_folder(tmp_path):
+    """``(folder, tensors)``: see ``spectral_helpers.write_shard_folder``."""
+    return tmp_path, write_shard_folder(tmp_path)
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +30,7 @@ def run_dir(tmp_path_factory, modadd_kwargs):
     """A run with checkpoints at epochs 0 and 10; epoch 10 has planted spikes in W_in."""
     d = tmp_path_factory.mktemp("run")
     task = ModAddTask(p=P)
-    cfg = {"format": RUN_FORMAT, "task": {"name": "modadd", "p": P, "train_frac": 0.3}, "model": modadd_kwargs, "train": {}}
+    cfg = {**modadd_run_config(p=P, train_frac=0.3), "model": modadd_kwargs}  # the config builder's schema
     (d / "config.json").write_text(json.dumps(cfg))
     save_splits(d, make_modadd_splits(task, seed=0))
     model = build_model(modadd_kwargs, seed=0)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import einops
 import torch
+from spectral_helpers import P
 
 from interp.spectral import extract_matrices, from_2d, plan_matrices
-from tests.interp.spectral.conftest import P
 from training.presets import build_model
 
 

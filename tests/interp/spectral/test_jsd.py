@@ -7,9 +7,9 @@ import math
 import numpy as np
 import torch
 from scipy.spatial.distance import jensenshannon
+from spectral_helpers import P
 
 from interp.spectral import js_divergence, trap_jsd
-from tests.interp.spectral.conftest import P
 from training.presets import build_model
 
 

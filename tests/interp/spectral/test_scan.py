@@ -8,8 +8,7 @@ import types
 
 import plotly.graph_objects as go
 import pytest
-import torch
-from safetensors.torch import save_file
+from spectral_helpers import SPIKES, planted, same_result
 
 from interp.spectral import (
     SpectralError,
@@ -20,33 +19,6 @@ from interp.spectral import (
     trap_counts_over_run,
     traps_command,
 )
-from tests.interp.spectral.conftest import planted
-
-SPIKES = {"layers.0.mlp.up.weight": [40.0, 30.0], "layers.1.attn.q.weight": [30.0], "lm_head.weight": []}
-
-
-def same_result(a: dict, b: dict) -> bool:
-    """Same matrices, counts and errors; floats equal to 1e-9 (thread counts change the last bits)."""
-    ra, rb = a["checkpoints"][0]["matrices"], b["checkpoints"][0]["matrices"]
-    return [(r["name"], r["n_traps"], r["error"]) for r in ra] == [(r["name"], r["n_traps"], r["error"]) for r in rb] and all(
-        x["error"] or x["lambda_plus"] == pytest.approx(y["lambda_plus"], rel=1e-9) for x, y in zip(ra, rb)
-    )
-
-
-@pytest.fixture
-def shard_folder(tmp_path):
-    """Two shards plus an index; planted traps in two matrices; a bias, a 1×M and a NaN matrix."""
-    a = {"layers.0.mlp.up.weight": planted(256, 64, SPIKES["layers.0.mlp.up.weight"], seed=1).float(),
-         "layers.0.mlp.up.bias": torch.zeros(256), "tiny.weight": torch.randn(1, 64)}
-    nan = torch.randn(64, 32)
-    nan[0, 0] = float("nan")
-    b = {"layers.1.attn.q.weight": planted(160, 160, SPIKES["layers.1.attn.q.weight"], seed=2).float(),
-         "lm_head.weight": planted(200, 40, [], seed=3).float(), "broken.weight": nan}
-    save_file(a, str(tmp_path / "model-00001-of-00002.safetensors"))
-    save_file(b, str(tmp_path / "model-00002-of-00002.safetensors"))
-    weight_map = {k: "model-00001-of-00002.safetensors" for k in a} | {k: "model-00002-of-00002.safetensors" for k in b}
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return tmp_path, {**a, **b}
 
 
 def test_shard_folder_scan(shard_folder):
@@ -124,6 +96,11 @@ def test_run_rows_and_figures(run_dir):
     r = rows.where(epoch=10, matrix="blocks.0.mlp.W_in")
     assert len(r) == 1 and r[0]["n_traps"] == 3 and r[0]["test_acc"] == 0.5 and r[0]["train_acc"] == 1.0
     assert len(rows) == 2 * 8
+    assert r[0]["N"] == 512 and r[0]["M"] == 128  # W_in of the modadd model: d_mlp × d_model
+    only = traps_command(run_dir, epochs=[10], progress=False)
+    assert [c["epoch"] for c in only["checkpoints"]] == [10]
+    kept = trap_counts_over_run(run_dir, max_checkpoints=2)  # 2 checkpoints: both kept
+    assert [(x["epoch"], x["matrix"], x["n_traps"]) for x in kept] == [(x["epoch"], x["matrix"], x["n_traps"]) for x in rows]
     fig = trap_count_figure(rows)
     assert isinstance(fig, go.Figure)
     names = [t.name for t in fig.data]

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate
+from spectral_helpers import planted
 
 from interp.spectral import (
     SpectralError,
@@ -22,7 +23,6 @@ from interp.spectral import (
     to_records,
     unshuffle,
 )
-from tests.interp.spectral.conftest import planted
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,9 @@ import logging
 import numpy as np
 import pytest
 import torch
+from spectral_helpers import planted
 
 from interp.spectral import detect_traps, make_generator, random_permutation
-from tests.interp.spectral.conftest import planted
 
 ww = pytest.importorskip("weightwatcher")
 
