@@ -271,6 +271,44 @@ def _train_seeds(a: argparse.Namespace, given: dict) -> dict:
     return result
 
 
+def _list(kind):
+    def parse(text: str) -> list:
+        try:
+            values = [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}s (e.g. 1,2)") from None
+        if not values:
+            raise argparse.ArgumentTypeError("give at least one value")
+        return values
+
+    return parse
+
+
+SWEEP_SETTINGS = ("label", "shortcut", "seq_len", "n_values", "n_train", "n_val", "n_adv", "data_seed", "epochs", "lr", "batch_size", "eval_every", "ckpt_density")
+
+
+def cmd_sweep(a: argparse.Namespace) -> dict:
+    from training.sweep import plan_sweep, run_sweep
+
+    if a.task != "mpsp":
+        raise UserError(f"--task {a.task}: sweeps are over MPSP cells (layers x heads x r); train modadd seeds with lenslab train --task modadd --seeds")
+    settings = {k: getattr(a, k) for k in SWEEP_SETTINGS if getattr(a, k) is not None}
+    if "batch_size" in settings:
+        settings["batch_size"] = settings["batch_size"] or None
+    plan = plan_sweep(a.out, a.layers, a.heads, a.ratios, a.seeds, a.weight_decay, ensemble_size=a.ensemble_size, **settings)
+    n = len(plan["members"])
+    _log(f"sweep: {n} runs ({len(a.layers)} layers x {len(a.heads)} heads x {len(a.ratios)} ratios x {len(a.weight_decay)} weight decays x {len(a.seeds)} seeds) into {a.out}, executor {a.executor}")
+    rows = run_sweep(plan, executor=a.executor, workers=a.workers, progress=not a.no_progress, device=a.device)
+    if not a.json:
+        print(f"{'cell':<22} {'runs':>5} {'gen':>4} {'rate':>6}  {'Wilson 95%':<15} median first epoch")
+        for r in rows:
+            rate = "-" if r["rate"] is None else f"{r['rate']:.2f}"
+            ci = "-" if r["rate"] is None else f"[{r['wilson_low']:.2f}, {r['wilson_high']:.2f}]"
+            print(f"{r['cell']:<22} {r['runs']:>5} {r['generalized']:>4} {rate:>6}  {ci:<15} {r['median_first_generalized_epoch']}")
+        print(f"tables: {Path(a.out) / 'results.csv'}, {Path(a.out) / 'results.json'}; figure: {Path(a.out) / 'results.html'}")
+    return {"out": a.out, "cells": rows}
+
+
 def cmd_demo(a: argparse.Namespace) -> dict:
     from training.config import mpsp_run_config
     from training.trainer import train
@@ -301,7 +339,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lenslab", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,inspect,traps,demo}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,inspect,traps,sweep,demo}")
     sub.required = True
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
@@ -324,6 +362,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--executor", choices=["local", "ray"], default="local")
     p.set_defaults(func=cmd_traps)
+
+    p = sub.add_parser("sweep", parents=[common], help="seed sweep over layers x heads x r (x weight decay), packed into ensembles")
+    p.add_argument("--task", default="mpsp", help="mpsp (the only sweepable task)")
+    p.add_argument("--layers", type=_list(int), default=[1, 2], help="comma list (default 1,2)")
+    p.add_argument("--heads", type=_list(int), default=[1, 2], help="comma list (default 1,2)")
+    p.add_argument("--ratios", type=_list(float), default=[0.5, 0.9], help="comma list of r (default 0.5,0.9)")
+    p.add_argument("--seeds", type=_seeds, default=list(range(8)), help="0-31 or 0,3,5 (default 0-7)")
+    p.add_argument("--weight-decay", type=_list(float), default=[0.1], help="comma list (default 0.1)")
+    for flag, kind in (("--label", str), ("--shortcut", str), ("--seq-len", int), ("--n-values", int), ("--n-train", int), ("--n-val", int),
+                       ("--n-adv", int), ("--data-seed", int), ("--epochs", int), ("--lr", float), ("--batch-size", int), ("--eval-every", int),
+                       ("--ckpt-density", int)):
+        p.add_argument(flag, type=kind, default=None, help="as for lenslab train")
+    p.add_argument("--out", required=True, help="sweep folder: OUT/sweep.json, OUT/<cell>/seed_<s>/, OUT/results.*")
+    p.add_argument("--executor", choices=["local", "ray"], default="local")
+    p.add_argument("--workers", type=int, default=1, help="ensembles trained at once (local processes or Ray tasks)")
+    p.add_argument("--ensemble-size", type=int, default=8, help="members per stacked ensemble")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("demo", parents=[common], help="the main job on defaults: train a 2L MPSP model at r=0.9")
     p.add_argument("--out", default="runs/demo")

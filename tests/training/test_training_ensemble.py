@@ -1,0 +1,165 @@
+"""The ensemble engine against independent references: HookedTransformer, torch AdamW, the single-seed trainer.
+
+Tolerances. Logits: 1e-5 (float32; the stacked math reorders sums). Trajectories: every
+weight within 1e-6 of the single-seed trainer's after 300 AdamW steps at lr 3e-4 (measured:
+1.3e-7), except ``attn.b_K``. At lr 1e-3 to 3e-3 the same comparison stays at 1e-7 for about
+60 steps and then grows roughly 10x every 10 steps (5e-4 after 180 steps, 2e-2 after 240): a
+chaotic phase of training amplifies last-bit differences, so tight weight agreement over long
+horizons is only a meaningful test at a small learning rate. (The single-seed trainer
+run with 1 vs 2 threads is bitwise identical, so it is the reordered arithmetic, not nondeterminism.)
+``attn.b_K`` is excluded: its true gradient is identically zero (adding a constant to every key's score
+leaves the softmax unchanged), so in *both* implementations it moves only by AdamW-normalised
+rounding noise, which differs between any two ways of doing the arithmetic.
+"""
+
+import os
+import signal
+
+import pytest
+import torch
+from helpers import tiny_config, tiny_modadd
+
+from tasks import MPSPTask
+from training.ensemble import check_ensemble, train_ensemble
+from training.errors import ConfigError
+from training.presets import build_model, mpsp_model_config
+from training.run import Run
+from training.stacked import StackedTransformer
+from training.stacked_adamw import StackedAdamW
+from training.trainer import Interrupted, train
+
+NOISE_ONLY = "attn.b_K"  # see the module docstring
+
+
+def _randomize(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return model
+
+
+@pytest.mark.parametrize("layers,heads", [(1, 1), (2, 2), (3, 4)])
+def test_stacked_logits_equal_hooked_transformer(layers, heads):
+    kw = mpsp_model_config(MPSPTask(seq_len=5, n_values=16), layers, heads)
+    models = [_randomize(build_model(kw, seed=s), 100 + s) for s in range(3)]
+    stack = StackedTransformer.from_models(models)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 16, (3, 50, 6), generator=g)
+    tokens[..., -1] = 16
+    got = stack(tokens)
+    for e, m in enumerate(models):
+        want = m(tokens[e])[:, -1]
+        torch.testing.assert_close(got[e], want, atol=1e-5, rtol=0)
+        loaded = build_model(kw)
+        loaded.load_state_dict(stack.member_state_dict(e))
+        torch.testing.assert_close(loaded(tokens[e])[:, -1], want, atol=0, rtol=0)
+
+
+def test_stacked_logits_equal_hooked_transformer_without_layernorm():
+    cfg = tiny_modadd()
+    models = [_randomize(build_model(cfg["model"], seed=s), s) for s in range(2)]
+    stack = StackedTransformer.from_models(models)
+    tokens = torch.stack([torch.randint(0, 11, (40, 3), generator=torch.Generator().manual_seed(s)) for s in range(2)])
+    tokens[..., -1] = 11
+    for e, m in enumerate(models):
+        torch.testing.assert_close(stack(tokens)[e], m(tokens[e])[:, -1], atol=1e-5, rtol=0)
+
+
+def test_stacked_adamw_equals_torch_adamw_per_member():
+    lrs, wds = [1e-3, 3e-3, 1e-2], [0.0, 0.1, 1.0]
+    g = torch.Generator().manual_seed(1)
+    init = torch.randn(3, 4, 5, generator=g)
+    refs = [torch.nn.Parameter(init[e].clone()) for e in range(3)]
+    opts = [torch.optim.AdamW([p], lr=lrs[e], weight_decay=wds[e], betas=(0.9, 0.98)) for e, p in enumerate(refs)]
+    stacked = init.clone()
+    sopt = StackedAdamW([stacked], lrs, wds, (0.9, 0.98))
+    frozen_steps = {3, 4}  # member 1 sits out these steps
+    for step in range(8):
+        grad = torch.randn(3, 4, 5, generator=g)
+        active = [True, step not in frozen_steps, True]
+        sopt.step([grad], active)
+        for e in range(3):
+            if active[e]:
+                refs[e].grad = grad[e].clone()
+                opts[e].step()
+    for e in range(3):
+        torch.testing.assert_close(stacked[e], refs[e].detach(), atol=1e-7, rtol=1e-6)
+        ref_state = opts[e].state_dict()["state"][0]
+        mine = sopt.member_state(e)[0]
+        assert mine["step"].item() == ref_state["step"].item()
+        torch.testing.assert_close(mine["exp_avg_sq"], ref_state["exp_avg_sq"], atol=1e-9, rtol=1e-6)
+
+
+def _close_weights(a: Run, b: Run, atol: float) -> None:
+    sa, sb = a.model().state_dict(), b.model().state_dict()
+    for k in sa:
+        if sa[k].dtype.is_floating_point and sa[k].numel() and NOISE_ONLY not in k:
+            torch.testing.assert_close(sa[k], sb[k], atol=atol, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_member_follows_the_single_seed_trajectory(tmp_path):
+    """Seed 1 inside a 3-member ensemble (other members differ in seed, ratio and lr) vs alone: 300 steps."""
+    kw = dict(epochs=25, eval_every=25, lr=3e-4, batch_size=128)
+    cfgs = [tiny_config(seed=0, **kw), tiny_config(seed=1, **kw), tiny_config(seed=2, ratio=0.5, **kw)]
+    cfgs[0]["train"]["lr"] = 1e-3
+    cfgs[2]["train"]["weight_decay"] = 0.5
+    train(cfgs[1], tmp_path / "alone", progress=False)
+    train_ensemble(cfgs, [tmp_path / f"m{i}" for i in range(3)], progress=False)
+    alone, member = Run.open(tmp_path / "alone"), Run.open(tmp_path / "m1")
+    assert [r["epoch"] for r in alone.metrics] == [r["epoch"] for r in member.metrics] == [0, 25]
+    for ra, rb in zip(alone.metrics, member.metrics):
+        for key in ("train_acc", "validation_acc", "adv_acc", "train_anti_acc"):
+            assert abs(ra[key] - rb[key]) <= 2 / 256, (key, ra[key], rb[key])
+        assert rb["grad_amplification"] == pytest.approx(ra["grad_amplification"], rel=1e-3)
+        assert rb["grad_conflict"] == pytest.approx(ra["grad_conflict"], abs=1e-3)
+    _close_weights(alone, member, atol=1e-6)
+    # the r=0.5 member really trained on its own split
+    assert Run.open(tmp_path / "m2").splits["train_tokens"].shape == alone.splits["train_tokens"].shape
+    assert not torch.equal(Run.open(tmp_path / "m2").splits["train_labels"], alone.splits["train_labels"])
+
+
+def test_interrupt_and_resume_is_bitwise_identical_and_mixed_start_epochs(tmp_path):
+    cfgs = [tiny_config(seed=s, epochs=6) for s in (0, 1)]
+    straight = [tmp_path / f"s{s}" for s in (0, 1)]
+    train_ensemble(cfgs, straight, progress=False)
+
+    cut = [tmp_path / f"c{s}" for s in (0, 1)]
+
+    def ctrl_c(e, row):
+        if e == 1 and row["epoch"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted):
+        train_ensemble(cfgs, cut, progress=False, on_eval=ctrl_c)
+    assert Run.open(cut[0]).summary["status"] == "interrupted"
+    train_ensemble(cfgs, cut, resume=True, progress=False)
+    for a, b in zip(straight, cut):
+        ra, rb = Run.open(a), Run.open(b)
+        assert ra.metrics == rb.metrics
+        for (ea, ma), (eb, mb) in zip(ra.iter_models(), rb.iter_models()):
+            assert ea == eb
+            for k, v in ma.state_dict().items():
+                assert torch.equal(v, mb.state_dict()[k]) or (v.isnan().all() and mb.state_dict()[k].isnan().all()), k
+
+    # members at different epochs: seed 0 continued by the ensemble from the single trainer's epoch 2
+    mixed = [tmp_path / "x0", tmp_path / "x1"]
+    train(tiny_config(seed=0, epochs=2), mixed[0], progress=False)
+    train_ensemble(cfgs, mixed, resume=True, progress=False)
+    assert [r["epoch"] for r in Run.open(mixed[0]).metrics] == [0, 2, 4, 6]
+    _close_weights(Run.open(straight[0]), Run.open(mixed[0]), atol=1e-5)
+    _close_weights(Run.open(straight[1]), Run.open(mixed[1]), atol=1e-5)
+
+
+def test_incompatible_members_are_refused_with_the_reason():
+    a, b = tiny_config(seed=0), tiny_config(seed=1, batch_size=128)
+    with pytest.raises(ConfigError, match="train.batch_size"):
+        check_ensemble([a, b])
+    c = {**a, "model": {**a["model"], "n_layers": 2}}
+    with pytest.raises(ConfigError, match="different model"):
+        check_ensemble([a, c])
+
+
+def test_same_directory_twice_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="same directory"):
+        train_ensemble([tiny_config(seed=0), tiny_config(seed=1)], [tmp_path / "x", tmp_path / "x"], progress=False)
