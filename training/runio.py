@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from training.errors import ConfigError, RunError
 
@@ -76,22 +76,23 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
+def canonical_safetensors(data: bytes) -> bytes:
+    """The same safetensors file with its JSON header's keys sorted.
+
+    safetensors writes its header from a Rust HashMap whose order changes from process to
+    process, so two identical checkpoints differ in bytes; sorted, they are bitwise equal.
+    Data offsets are relative to the end of the header, so only the header is rewritten.
+    """
+    n = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8 : 8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # safetensors aligns the data to 8 bytes
+    return len(header).to_bytes(8, "little") + header + data[8 + n :]
+
+
 def atomic_save_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
-    os.fchmod(fd, 0o644)
-    os.close(fd)
-    try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
-        os.chmod(tmp, 0o644)  # save_file writes a new 0600 file over the mkstemp one
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    """Atomically write ``tensors`` as a safetensors file with reproducible bytes."""
+    data = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=metadata)
+    atomic_write_bytes(path, canonical_safetensors(data))
 
 
 def append_jsonl(path: str | Path, obj: dict) -> None:
