@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
-	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]" $(TORCH)
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev,ray]" $(TORCH)
 	touch $@
 
 .PHONY: run test venv

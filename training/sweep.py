@@ -142,8 +142,15 @@ def run_job(root: str, job: list[dict], threads: int | None = None, device: str 
     return [m.out for m in members]
 
 
+def _without_epochs(members) -> list:
+    """Plans compare without the epoch budget: rerunning with a larger --epochs extends the sweep."""
+    if not isinstance(members, list):
+        return []
+    return [{**m, "config": {**m["config"], "train": {k: v for k, v in m["config"]["train"].items() if k != "epochs"}}} for m in members]
+
+
 def write_plan(plan: dict) -> Path:
-    """Write ``OUT/sweep.json``; an existing plan must be the same sweep (else refuse, naming the fix)."""
+    """Write ``OUT/sweep.json``; an existing plan must be the same sweep up to ``epochs`` (else refuse)."""
     root = Path(plan["root"])
     path = root / "sweep.json"
     if path.exists():
@@ -153,7 +160,7 @@ def write_plan(plan: dict) -> Path:
             raise RunError(f"{path} is not valid JSON ({e}); move it away to start a new sweep there") from None
         if old.get("format") != SWEEP_FORMAT:
             raise RunError(f"{path} is not a lenslab sweep plan; choose another --out")
-        if old.get("members") != plan["members"]:
+        if _without_epochs(old.get("members")) != _without_epochs(plan["members"]):
             raise RunError(f"{root} holds a different sweep (grid {old.get('grid')}); rerun it with the same flags, or choose another --out")
     elif root.exists() and any(root.iterdir()):
         raise RunError(f"--out {root} is a non-empty directory without a sweep.json; choose an empty or new directory")

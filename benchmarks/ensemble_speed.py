@@ -1,0 +1,145 @@
+"""Seed-epochs per second on the 2L paper model: plain TransformerLens loop vs lenslab's trainers.
+
+    .venv/bin/python benchmarks/ensemble_speed.py [--sizes 1,4,8,16] [--epochs 1] [--device cpu]
+
+All in one run, so the ratios compare like with like on a shared machine. Measured per loop:
+training epochs only (16,384 examples at batch 512, AdamW), no evaluation, for
+
+- ``plain_tl``: ``HookedTransformer`` + ``torch.optim.AdamW``, full forward, loss at the readout;
+- ``single_trainer``: ``training.trainer.train`` (includes its two evaluations with gradient
+  probes, at epoch 0 and at the end, so it is an upper bound on its per-epoch cost);
+- ``ensemble_E``: ``StackedTransformer`` + ``StackedAdamW``, the inner loop of
+  ``training.ensemble.train_ensemble``, with E members.
+
+Also the achieved GFLOP/s (forward work actually done x 3 for forward + backward) beside the
+machine's large-matmul GFLOP/s (2048^2 sgemm), measured here too. Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tasks import MPSPTask, make_mpsp_splits  # noqa: E402
+from training.config import mpsp_run_config  # noqa: E402
+from training.presets import build_model  # noqa: E402
+from training.stacked import StackedTransformer  # noqa: E402
+from training.stacked_adamw import StackedAdamW  # noqa: E402
+from training.trainer import epoch_generator, train  # noqa: E402
+
+
+def sgemm_gflops(dev: torch.device, n: int = 2048, reps: int = 10) -> float:
+    a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
+    a @ b
+    _sync(dev)
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(dev)
+    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def plain_tl(cfg, splits, epochs, dev) -> float:
+    model = build_model(cfg["model"], seed=0, device=str(dev))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    tokens, labels = splits["train_tokens"].to(dev), splits["train_labels"].to(dev)
+    n, bs = len(tokens), cfg["train"]["batch_size"]
+    _sync(dev)
+    t = time.perf_counter()
+    for epoch in range(1, epochs + 1):
+        perm = torch.randperm(n, generator=epoch_generator(0, epoch)).to(dev)
+        for s in range(0, n, bs):
+            idx = perm[s : s + bs]
+            loss = F.cross_entropy(model(tokens[idx])[:, -1], labels[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    _sync(dev)
+    return (time.perf_counter() - t) / epochs
+
+
+def single_trainer(cfg, epochs, dev) -> float:
+    with tempfile.TemporaryDirectory() as d:
+        c = {**cfg, "train": {**cfg["train"], "epochs": epochs, "eval_every": 10**6}}
+        t = time.perf_counter()
+        train(c, Path(d) / "run", progress=False, device=str(dev))
+        return (time.perf_counter() - t) / epochs
+
+
+def ensemble(cfg, splits, E, epochs, dev) -> tuple[float, float]:
+    stack = StackedTransformer.from_models([build_model(cfg["model"], seed=s) for s in range(E)]).to(dev)
+    params = list(stack.params)
+    opt = StackedAdamW(params, [1e-3] * E, [0.1] * E, (0.9, 0.999))
+    tokens = splits["train_tokens"].to(dev).expand(E, -1, -1).contiguous()
+    labels = splits["train_labels"].to(dev).expand(E, -1).contiguous()
+    n, T, bs = tokens.shape[1], tokens.shape[2], cfg["train"]["batch_size"]
+    _sync(dev)
+    t = time.perf_counter()
+    for epoch in range(1, epochs + 1):
+        perm = torch.stack([torch.randperm(n, generator=epoch_generator(s, epoch)) for s in range(E)]).to(dev)
+        for s in range(0, n, bs):
+            idx = perm[:, s : s + bs]
+            batch = torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, T))
+            y = torch.gather(labels, 1, idx)
+            logits = stack(batch)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(E, -1).mean(1).sum()
+            opt.step(list(torch.autograd.grad(loss, params)))
+    _sync(dev)
+    per_epoch = (time.perf_counter() - t) / epochs
+    gflops = 3 * stack.flops_per_example() * n * E / per_epoch / 1e9
+    return per_epoch, gflops
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1,4,8,16")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--skip-single", action="store_true", help="skip the single-seed trainer")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    cfg = mpsp_run_config(ratio=0.9, layers=2, heads=2)
+    t = cfg["task"]
+    splits = make_mpsp_splits(MPSPTask(seq_len=t["seq_len"], n_values=t["n_values"]), 0.9, t["n_train"], t["n_val"], t["n_adv"], 0)
+    sizes = [int(x) for x in a.sizes.split(",")]
+    out: dict = {
+        "device": str(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "model": "2L 2H d_model 64 d_mlp 128, seq_len 5 (n_ctx 6)", "n_train": t["n_train"], "batch_size": cfg["train"]["batch_size"],
+        "epochs_timed": a.epochs, "sgemm_2048_gflops": round(sgemm_gflops(dev), 1),
+    }
+    plain_tl(cfg, splits, 1, dev) if a.epochs > 1 else None  # warm-up only when timing several epochs
+    tl = plain_tl(cfg, splits, a.epochs, dev)
+    out["plain_tl"] = {"s_per_seed_epoch": round(tl, 4), "seed_epochs_per_s": round(1 / tl, 3)}
+    if not a.skip_single:
+        st = single_trainer(cfg, a.epochs, dev)
+        out["single_trainer"] = {"s_per_seed_epoch": round(st, 4), "seed_epochs_per_s": round(1 / st, 3), "x_plain_tl": round(tl / st, 2)}
+    for E in sizes:
+        ensemble(cfg, splits, E, 1, dev) if E == sizes[0] and a.epochs > 1 else None
+        per_epoch, gflops = ensemble(cfg, splits, E, a.epochs, dev)
+        out[f"ensemble_{E}"] = {
+            "s_per_epoch": round(per_epoch, 4), "seed_epochs_per_s": round(E / per_epoch, 3),
+            "x_plain_tl": round(tl / (per_epoch / E), 2), "gflops": round(gflops, 1),
+        }
+    best = max(sizes, key=lambda E: out[f"ensemble_{E}"]["seed_epochs_per_s"])
+    out["best_E"] = best
+    out["best_x_plain_tl"] = out[f"ensemble_{best}"]["x_plain_tl"]
+    out["target_x_plain_tl"] = 3.0
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
