@@ -397,9 +397,15 @@ def main(argv: list[str] | None = None) -> int:
     from training.trainer import Interrupted
 
     try:
+        from training.runio import refuse_pickle_inputs
+
+        refuse_pickle_inputs(*(getattr(a, k, None) for k in ("run_dir", "path", "out")))  # never unpickle an input
         result = a.func(a)
     except (LenslabError, UserError) as e:
-        print(f"lenslab: error: {e}", file=sys.stderr)
+        print("lenslab: error: " + " ".join(str(e).splitlines()), file=sys.stderr)  # one line, always
+        return 2
+    except MemoryError:
+        print("lenslab: error: out of memory: the request is too large for this machine; lower the sizes", file=sys.stderr)
         return 2
     except Interrupted as e:
         print(f"lenslab: {e}", file=sys.stderr)
