@@ -292,3 +292,22 @@ def check_after_kill(run_dir: str | Path, reference: dict[str, bytes]) -> list[s
 
 def read_jsonl_bytes(data: bytes) -> list[dict]:
     return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def lock_probe(run_dir: str, go: str, done: str, result: str) -> None:
+    """Child for lock races: wait for ``go``, try the run lock, write won/refused, hold it until ``done``."""
+    from training.errors import RunError
+    from training.runio import RunLock
+
+    while not Path(go).exists():
+        time.sleep(0.001)
+    try:
+        lock = RunLock(run_dir).acquire()
+    except RunError as e:
+        Path(result).write_text(f"refused {e}")
+        os._exit(0)
+    Path(result).write_text("won")
+    while not Path(done).exists():
+        time.sleep(0.01)
+    lock.release()
+    os._exit(0)
