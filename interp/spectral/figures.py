@@ -27,17 +27,22 @@ def trap_count_figure(rows: list[dict], metrics: list[dict] | None = None, title
         pts = sorted((r["epoch"], r["n_traps"]) for r in rows if r["matrix"] == name and r.get("error") is None)
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name), row=2, col=1)
     fig.update_yaxes(title_text="accuracy", range=[0, 1.02], row=1, col=1)
-    fig.update_yaxes(title_text="n traps", rangemode="tozero", row=2, col=1)
+    top = max([r["n_traps"] for r in rows if r.get("error") is None] + [1])
+    fig.update_yaxes(title_text="n traps", range=[-0.5, top + 0.5], row=2, col=1)  # zero counts sit above the axis
     fig.update_xaxes(title_text="epoch", row=2, col=1)
     fig.update_layout(title=title, height=600)
     return fig
 
 
-def esd_figure(w, name: str = "W", mode: str = "robust", seed: int = 0, bins: int = 80) -> go.Figure:
-    """Histogram of the shuffled ESD (X = W_randᵀW_rand/N) with the fitted MP density, λ₊ and the threshold."""
+def esd_figure(w, name: str = "W", mode: str = "robust", seed: int = 0, bins: int | None = None) -> go.Figure:
+    """Histogram of the shuffled ESD (X = W_randᵀW_rand/N) with the fitted MP density, λ₊ and the threshold.
+
+    ``bins`` defaults to M/2 clipped to [10, 80] (M eigenvalues: more bins than that leave gaps).
+    """
     w = check_matrix(w, name)
     row = detect_traps(w, name, mode=mode, seed=seed, details=False)
     evals = shuffled_eigenvalues(shuffle(w, random_permutation(w.numel(), make_generator(seed))))
+    bins = bins or int(np.clip(row.M // 2, 10, 80))
     q = row.N / row.M
     sigma2 = row.sigma**2
     lo, hi = mp_edges(q, sigma2)
