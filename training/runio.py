@@ -196,7 +196,7 @@ def refuse_pickle_inputs(*paths: str | Path | None) -> None:
         p = Path(p)
         if p.is_file():
             refuse_pickle(p)
-        elif p.is_dir() and not (p / "config.json").is_file() and not any(p.glob("*.safetensors")):
+        elif p.is_dir() and not any(p.glob("*.safetensors")):  # a run has splits.safetensors
             pickles = sorted(q for q in p.iterdir() if q.suffix.lower() in PICKLE_SUFFIXES and q.is_file())
             if pickles:
                 raise RunError(
