@@ -4,6 +4,7 @@ from transformer_lens import patching as tlp
 
 from interp.common import InterpError
 from interp.patching import DIRECTIONS, cross_split_patching, logit_diff, normalized_logit_diff_metric, patch_grid
+from training.presets import build_model
 
 TL = {
     "resid_pre": tlp.get_act_patch_resid_pre,
@@ -14,10 +15,25 @@ TL = {
 }
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """TL's reference runs many tiny forwards; on a busy 2-core machine two threads make them far slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def grids(trained, splits):
     return cross_split_patching(
-        trained, splits["validation_tokens"], splits["counterfactual_tokens"], splits["counterfactual_labels"], splits["counterfactual_shortcut"], max_pairs=64, seed=0
+        trained,
+        splits["validation_tokens"],
+        splits["counterfactual_tokens"],
+        splits["counterfactual_labels"],
+        splits["counterfactual_shortcut"],
+        max_pairs=64,
+        seed=0,
     )
 
 
@@ -43,6 +59,41 @@ def test_grid_equals_transformer_lens(trained, splits, grids, kind, direction):
         torch.set_grad_enabled(True)
 
 
+@pytest.mark.parametrize(
+    "variant",
+    [
+        # 3 blocks, no LayerNorm: runs resumed before the last block, no ln_final
+        {"n_layers": 3, "normalization_type": None, "initializer_range": 0.2},
+        # 1 attention-only block: every run resumes at (or after) the last block
+        {"n_layers": 1, "attn_only": True, "initializer_range": 0.3},
+    ],
+    ids=["3L-noLN", "1L-attn-only"],
+)
+def test_other_architectures_equal_transformer_lens(splits, model_kwargs, variant):
+    """Fresh models (weights scaled up so the splits' logit differences are far apart)."""
+    model = build_model({**model_kwargs, **variant}, seed=0).eval()
+    n = 24
+    val, cf = splits["validation_tokens"][:n], splits["counterfactual_tokens"][:n]
+    a, b = splits["counterfactual_labels"][:n], splits["counterfactual_shortcut"][:n]
+    kinds = tuple(k for k in TL if not (k == "mlp_out" and model.cfg.attn_only))
+    grids = cross_split_patching(model, val, cf, a, b, kinds=kinds, max_pairs=None, max_batch=50)  # several chunks
+    torch.set_grad_enabled(False)
+    try:
+        for direction in DIRECTIONS:
+            source, receiver = (val, cf) if direction == DIRECTIONS[0] else (cf, val)
+            ld_src = logit_diff(model(source)[:, -1], a, b).mean().item()
+            ld_rec = logit_diff(model(receiver)[:, -1], a, b).mean().item()
+            assert abs(ld_src - ld_rec) > 0.2
+            _, source_cache = model.run_with_cache(source)
+            for kind in kinds:
+                expected = TL[kind](model, receiver, source_cache, normalized_logit_diff_metric(a, b, ld_rec, ld_src))
+                torch.testing.assert_close(
+                    grids[direction][kind].values, expected.float(), atol=1e-5, rtol=0, msg=f"{direction} {kind}"
+                )
+    finally:
+        torch.set_grad_enabled(True)
+
+
 def test_endpoints_of_the_metric(trained, splits):
     """Patching the whole final residual (resid_pre of layer 0 at every position) gives 1 exactly."""
     val, cf = splits["validation_tokens"][:32], splits["counterfactual_tokens"][:32]
@@ -63,5 +114,7 @@ def test_bad_inputs(trained, splits):
         patch_grid(trained, val, cf, a, b, "q_by_pos")
     with pytest.raises(InterpError, match="pairs"):
         patch_grid(trained, val, cf[:4], a, b, "resid_pre")
+    with pytest.raises(InterpError, match="max_batch=0"):
+        patch_grid(trained, val, cf, a, b, "resid_pre", max_batch=0)
     with pytest.raises(InterpError, match="label == shortcut"):
         cross_split_patching(trained, val, val, splits["validation_labels"][:8], splits["validation_shortcut"][:8])
