@@ -483,6 +483,11 @@ def _check_options(model: HookedTransformer, kinds: tuple[str, ...], max_batch: 
         _check_kind(model, kind)
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise InterpError(f"max_batch={max_batch!r} must be a positive int (patched runs per forward)")
+    if getattr(model.cfg, "parallel_attn_mlp", False) or getattr(model.cfg, "use_normalization_before_and_after", False):
+        raise InterpError(
+            "patching grids recompute a block's output position by position as resid_pre + attn_out + MLP(LN(resid_mid)); "
+            "parallel attention/MLP and extra post-normalization are not supported: use transformer_lens.patching"
+        )
     if model.cfg.positional_embedding_type == "shortformer":
         raise InterpError(
             "patching grids resume runs from the residual stream, which misses shortformer positional embeddings: use a 'standard' or 'rotary' model"
