@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from training.config import check_train
 from training.errors import ConfigError, RunError, TrainingDiverged

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from training.config import mpsp_run_config
 from training.errors import ConfigError, RunError

@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
 from tasks import make_modadd_splits, make_mpsp_splits

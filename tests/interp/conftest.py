@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from tasks import MPSPTask, make_mpsp_splits
+from training.config import mpsp_run_config
 from training.presets import build_model, mpsp_model_config
-from training.runio import RUN_FORMAT, append_jsonl, atomic_write_json, save_checkpoint, save_splits
+from training.runio import append_jsonl, atomic_write_json, save_checkpoint, save_splits
 
 warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
 
@@ -59,12 +60,9 @@ def trained(splits, model_kwargs):
 
 def write_fake_run(run_dir, splits, model_kwargs, steps: int = 120, eval_every: int = 40):
     """A run directory in the lenslab-run/1 format, with a checkpoint + metrics per evaluation."""
-    atomic_write_json(run_dir / "config.json", {
-        "format": RUN_FORMAT,
-        "task": {**TASK.to_dict(), "name": "mpsp"},
-        "model": model_kwargs,
-        "train": {"ratio": 0.9, "steps": steps},
-    })
+    config = mpsp_run_config(seq_len=TASK.seq_len, n_values=TASK.n_values, n_train=1024, n_val=128, n_adv=128, ratio=0.9,
+                             layers=model_kwargs["n_layers"], heads=model_kwargs["n_heads"], epochs=steps, eval_every=eval_every)
+    atomic_write_json(run_dir / "config.json", {**config, "model": model_kwargs})
     save_splits(run_dir, splits)
     model = build_model(model_kwargs, seed=1)
 
