@@ -62,7 +62,7 @@ def _ln(module, x: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_model"]:
 
 
 def _augment(x: Float[Tensor, "n d"]) -> Float[Tensor, "n d_plus_1"]:
-    return torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], dim=1)
+    return torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)], dim=1)
 
 
 def qk_circuit(model: HookedTransformer, layer: int, head: int) -> FactoredMatrix:
@@ -82,11 +82,11 @@ def ov_unembed_circuit(model: HookedTransformer, layer: int, head: int) -> Facto
 
 def _final_ln_linear(model: HookedTransformer) -> Float[Tensor, "d_model d_model"]:
     """The linear part of the final LayerNorm with its scale dropped: centring, then its weight."""
-    d = model.cfg.d_model
+    d, device = model.cfg.d_model, model.W_U.device
     norm = model.cfg.normalization_type
     if norm is None:
-        return torch.eye(d)
-    center = torch.eye(d) - torch.full((d, d), 1.0 / d)
+        return torch.eye(d, device=device)
+    center = torch.eye(d, device=device) - 1.0 / d
     if norm in ("LN",) and hasattr(model.ln_final, "w"):
         return center @ torch.diag(model.ln_final.w)
     return center
@@ -97,8 +97,8 @@ def _classes_centered(c: Float[Tensor, "n k"]) -> Float[Tensor, "n k"]:
 
 
 def _parity_rho(values: Int[Tensor, " n"], contrib: Float[Tensor, "n k"], k: int) -> float:
-    own = (values[:, None] % k == torch.arange(k)[None]).float()
-    return rho(own.numpy(), _classes_centered(contrib).numpy())
+    own = (values[:, None].cpu() % k == torch.arange(k)[None]).float()
+    return rho(own.numpy(), _classes_centered(contrib).cpu().numpy())
 
 
 def _check_head(model: HookedTransformer, layer: int, head: int) -> None:
@@ -137,7 +137,7 @@ def weight_fingerprints(model: HookedTransformer, n_values: int, k: int, readout
                     "head": head,
                     "head_name": f"L{layer}H{head}",
                     "source": "weights",
-                    "qk_rho": rho(vals.numpy(), scores[:-1].numpy()),
+                    "qk_rho": rho(vals.numpy(), scores[:-1].cpu().numpy()),
                     "pos0_mass": float(pos0),
                     "ov_parity_rho": _parity_rho(vals, contrib, k),
                 })
@@ -164,7 +164,7 @@ def activation_fingerprints(model: HookedTransformer, tokens: Int[Tensor, "batch
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
         key_vals = tokens[:, : n_ctx - 1]
         final_lin = _final_ln_linear(model) @ model.W_U  # [d_model, k]
-        scale = cache["ln_final.hook_scale"][:, -1] if "ln_final.hook_scale" in cache.cache_dict else torch.ones(len(tokens), 1)
+        scale = cache["ln_final.hook_scale"][:, -1] if "ln_final.hook_scale" in cache.cache_dict else torch.ones(len(tokens), 1, device=model.W_U.device)
         rows = Table()
         for layer in range(model.cfg.n_layers):
             scores = cache[utils.get_act_name("attn_scores", layer)][:, :, -1, : n_ctx - 1]  # [b, head, key]
@@ -178,7 +178,7 @@ def activation_fingerprints(model: HookedTransformer, tokens: Int[Tensor, "batch
                     "head": head,
                     "head_name": f"L{layer}H{head}",
                     "source": "activations",
-                    "qk_rho": rho(key_vals.numpy(), scores[:, head].numpy()),
+                    "qk_rho": rho(key_vals.cpu().numpy(), scores[:, head].cpu().numpy()),
                     "pos0_mass": float(pattern[:, head].mean()),
                     "ov_parity_rho": _parity_rho(key_vals.reshape(-1), contrib.reshape(-1, contrib.shape[-1]), k),
                 })

@@ -48,9 +48,7 @@ import einops
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
-from transformer_lens.utilities import get_act_name
-from transformer_lens.utilities.activation_functions import apply_softcap
+from transformer_lens import HookedTransformer, utils
 
 from interp.common import InterpError, Table, check_tokens, gather_class, subsample
 
@@ -159,11 +157,9 @@ def _attn_out_from_z(
 
 
 def _readout(model: HookedTransformer, resid: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch k"]:
-    """Logits from the final residual stream at the readout position, as ``HookedTransformer.forward``."""
-    x = resid[:, None]
-    if model.cfg.normalization_type is not None:
-        x = model.ln_final(x)
-    return apply_softcap(model.unembed(x), model.cfg.output_logits_soft_cap)[:, 0]
+    """Logits from the final residual stream at the readout position: ``HookedTransformer.forward``
+    started after the last block (final LayerNorm if any, unembedding, logit soft cap)."""
+    return model(resid[:, None], start_at_layer=model.cfg.n_layers)[:, 0]
 
 
 def _qkv(attn, x: Float[Tensor, "batch pos d_model"], which: str = "qkv") -> tuple[Tensor, ...]:
@@ -200,7 +196,9 @@ def _per_pair_matvec(
 ) -> Float[Tensor, "rows head m"]:
     """``x[r, h] @ table[pair[r], h]`` for every row, as an embedding bag (no per-row copy of ``table``)."""
     _, H, n, m = table.shape
-    idx = (pair[:, None, None] * H + torch.arange(H)[:, None]) * n + torch.arange(n)  # [rows, head, n]
+    idx = (pair[:, None, None] * H + torch.arange(H, device=pair.device)[:, None]) * n + torch.arange(
+        n, device=pair.device
+    )  # [rows, head, n]
     flat = torch.nn.functional.embedding_bag(
         idx.reshape(-1, n), table.reshape(-1, m), per_sample_weights=x.reshape(-1, n), mode="sum"
     )
@@ -221,7 +219,7 @@ def _last_block_edited(
     recomputed only at the edited positions."""
     last = model.cfg.n_layers - 1
     attn = model.blocks[-1].attn
-    act = lambda n: rec[get_act_name(n, last)]
+    act = lambda n: rec[utils.get_act_name(n, last)]
     keys, values = act("k"), act("v")  # [pair, pos, head, d_head]
     x = model.blocks[-1].ln1(vec[:, None])[:, 0]
     k_new, v_new = _qkv(attn, x, "kv")
@@ -281,7 +279,7 @@ def _site_edits(
     ``pos``, ``head`` (z only) and ``vec``. After the last block only readout edits are kept.
     """
     L = model.cfg.n_layers
-    act = lambda c, n: c[get_act_name(n, layer)]
+    act = lambda c, n: c[utils.get_act_name(n, layer)]
     s, r = act(src, site), act(rec, site)
     differs = (s != r).any(-1)
     if site == "z":
@@ -299,7 +297,7 @@ def _site_edits(
         out = s[pair, pos]
     else:
         z = r[pair, pos].clone()  # [edits, head, d_head]
-        z[torch.arange(len(pair)), head] = s[pair, pos, head]
+        z[torch.arange(len(pair), device=pair.device), head] = s[pair, pos, head]
         out = _attn_out_from_z(model, layer, z[:, None])[:, 0]
     return differs, pair, pos, head, _local_post(model, layer, act(rec, "resid_pre")[pair, pos][:, None], out[:, None])[:, 0]
 
@@ -314,7 +312,7 @@ def _layer_runs(model: HookedTransformer, kind: str, layer: int, edits: tuple) -
         rows, row = torch.unique(pair * H + head, return_inverse=True)
         return [_Runs(start, rows % H, rows // H, row, pos, vec)]
     cell = pos if head is None else pos * H + head
-    runs = _Runs(start, cell, pair, torch.arange(len(pair)), pos, vec)
+    runs = _Runs(start, cell, pair, torch.arange(len(pair), device=pair.device), pos, vec)
     if kind != "resid_pre":
         return [runs]
     # patching the only position where the runs differ turns the receiver into the source
@@ -332,7 +330,7 @@ def _runs_logits(model: HookedTransformer, runs: _Runs, rec: dict) -> Float[Tens
         return _readout(model, final)
     if runs.start == L - 1 and fast:
         return _readout(model, _last_block_edited(model, rec, runs.pair, runs.row, runs.pos, runs.vec))
-    resid = rec[get_act_name("resid_pre", runs.start)][runs.pair]  # a gathered copy
+    resid = rec[utils.get_act_name("resid_pre", runs.start)][runs.pair]  # a gathered copy
     resid[runs.row, runs.pos] = runs.vec
     if not fast:
         return model(resid, start_at_layer=runs.start)[:, -1]
@@ -347,8 +345,8 @@ CACHE_NAMES = ("resid_pre", "resid_mid", "attn_out", "mlp_out", "z")
 def _cache(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> tuple[Float[Tensor, "batch k"], dict[str, Tensor]]:
     """Readout logits and the activations the grids need (one hooked forward)."""
     L = model.cfg.n_layers
-    names = {get_act_name(n, layer) for n in CACHE_NAMES for layer in range(L)}
-    names |= {get_act_name(n, L - 1) for n in ("q", "k", "v")}
+    names = {utils.get_act_name(n, layer) for n in CACHE_NAMES for layer in range(L)}
+    names |= {utils.get_act_name(n, L - 1) for n in ("q", "k", "v")}
     logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
     return logits[:, -1], {n: cache[n] for n in names if n in cache.cache_dict}
 
@@ -391,13 +389,13 @@ def _grid_sums(
             for runs in _layer_runs(model, kind, layer, edits[site, layer]):
                 slot = offsets[kind] * n_groups + group[runs.pair] * sizes[kind] + layer * per_layer + runs.cell
                 by_key.setdefault((runs.start, runs.source), []).append(replace(runs, cell=slot))  # cell -> global slot
-    totals = torch.zeros(sum(sizes.values()) * n_groups, dtype=torch.float64)
+    totals = torch.zeros(sum(sizes.values()) * n_groups, dtype=torch.float64, device=ld_rec.device)
     for (_, source), parts in by_key.items():
         runs = _cat_runs(parts)
         if source:
             totals.index_add_(0, runs.cell, (ld_src[runs.pair] - ld_rec[runs.pair]).double())
             continue
-        index = torch.arange(len(runs.pair))
+        index = torch.arange(len(runs.pair), device=runs.pair.device)
         for i in range(0, len(runs.pair), max_batch):
             chunk = runs.take((index >= i) & (index < i + max_batch))
             ld = logit_diff(_runs_logits(model, chunk, rec), a[chunk.pair], b[chunk.pair])
@@ -425,7 +423,7 @@ def _grids(
     rec = {n: stack(t, [d[2] for d in directions]) for n, t in cache.items()}
     ld_src, ld_rec = stack(ld, [d[1] for d in directions]), stack(ld, [d[2] for d in directions])
     n = len(a)
-    group = torch.arange(len(directions)).repeat_interleave(n)
+    group = torch.arange(len(directions), device=a.device).repeat_interleave(n)
     sums = _grid_sums(
         model,
         kinds,
@@ -450,7 +448,7 @@ def _grids(
             kind: PatchGrid(
                 kind=kind,
                 direction=name,
-                values=(sums[kind][g] / n / (mean_src - mean_rec)).float(),
+                values=(sums[kind][g] / n / (mean_src - mean_rec)).float().cpu(),
                 n_pairs=n,
                 ld_source=mean_src,
                 ld_receiver=mean_rec,
@@ -475,7 +473,8 @@ def _check_pairs(model, source_tokens, receiver_tokens, a, b):
             f"source {tuple(source_tokens.shape)}, receiver {tuple(receiver_tokens.shape)}, a [{len(a)}], b [{len(b)}]: "
             "pairs must have equal shapes and one (a, b) per pair"
         )
-    return source_tokens, receiver_tokens
+    device = model.cfg.device
+    return source_tokens.to(device), receiver_tokens.to(device), a.long().to(device), b.long().to(device)
 
 
 def _check_options(model: HookedTransformer, kinds: tuple[str, ...], max_batch: int) -> None:
@@ -509,7 +508,7 @@ def patch_grids(
     One hooked forward caches both runs; ``max_batch`` patched runs are evaluated per forward.
     """
     _check_options(model, kinds, max_batch)
-    source_tokens, receiver_tokens = _check_pairs(model, source_tokens, receiver_tokens, a, b)
+    source_tokens, receiver_tokens, a, b = _check_pairs(model, source_tokens, receiver_tokens, a, b)
     n = len(source_tokens)
     with torch.no_grad():
         logits, cache = _cache(model, torch.cat([source_tokens, receiver_tokens]))
@@ -555,7 +554,7 @@ def cross_split_patching(
         raise InterpError(
             "some counterfactual rows have label == shortcut: pass the anti-shortcut partners (counterfactual split)"
         )
-    val, cf = _check_pairs(model, validation_tokens[idx], counterfactual_tokens[idx], a, b)
+    val, cf, a, b = _check_pairs(model, validation_tokens[idx], counterfactual_tokens[idx], a, b)
     n = len(val)
     rows = {"validation": slice(0, n), "counterfactual": slice(n, 2 * n)}
     with torch.no_grad():
