@@ -18,5 +18,7 @@ venv: $(BIN)/.installed
 run: venv
 	$(BIN)/lenslab demo
 
+# One torch thread per test process: these models are tiny, and on a 2-core machine two threads
+# per process (pytest plus the CLI subprocesses it starts) oversubscribe the cores.
 test: venv
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
