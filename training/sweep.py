@@ -184,12 +184,16 @@ def run_sweep(plan: dict, executor: str = "local", workers: int = 1, progress: b
                unit="member-epoch", file=sys.stderr, disable=not progress, dynamic_ncols=True)
     job_dicts = [[asdict(m) for m in job] for job in jobs]
     threads = max(1, _cpu_count() // workers)
+    from training.trainer import Interrupted
+
     try:
         if executor == "local":
             _run_local(str(root), job_dicts, workers, threads, device, lambda: _tick(bar, root, all_members), poll_s)
         else:
             _run_ray(str(root), job_dicts, workers, threads, device, lambda: _tick(bar, root, all_members), poll_s)
         _tick(bar, root, all_members)
+    except (Interrupted, KeyboardInterrupt):
+        raise Interrupted(f"sweep interrupted; every member is saved. Continue with the same lenslab sweep command (--out {root})") from None
     finally:
         bar.close()
     return summarize_sweep(root)
