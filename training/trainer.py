@@ -31,7 +31,7 @@ from transformer_lens import HookedTransformer
 
 from tasks import make_modadd_splits, make_mpsp_splits
 from training.config import check_train, comparable
-from training.errors import RunError, TrainingDiverged
+from training.errors import ConfigError, RunError, TrainingDiverged
 from training.gradients import gradient_dynamics, readout_logits
 from training.presets import build_model
 from training.run import task_from_config
@@ -74,6 +74,21 @@ def is_checkpoint_epoch(epoch: int, eval_every: int, density: int) -> bool:
         return True
     stride = 2 ** int(math.floor(math.log2(i / density)))
     return i % stride == 0
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """``device`` (default: cuda when available), checked before any work: a bad name is one ConfigError line."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"--device {device!r} is not a device name: use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ConfigError(f"--device {device!r}: this machine has {torch.cuda.device_count()} usable CUDA device(s); use cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: lenslab trains on cpu or cuda")
+    return dev
 
 
 def make_splits(config: dict) -> dict[str, torch.Tensor]:
@@ -241,7 +256,7 @@ def train(
     check_train(config)
     out = Path(out)
     t = config["train"]
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = resolve_device(device)
     resuming = _prepare_dir(out, config, resume)
     splits = None if resuming else make_splits(config)  # bad sizes fail before anything is written
     out.mkdir(parents=True, exist_ok=True)
