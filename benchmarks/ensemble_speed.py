@@ -3,7 +3,9 @@
     .venv/bin/python benchmarks/ensemble_speed.py [--sizes 1,4,8,16] [--epochs 1] [--device cpu]
 
 All in one run, so the ratios compare like with like on a shared machine. Measured per loop:
-training epochs only (16,384 examples at batch 512, AdamW), no evaluation, for
+training steps only (batch 512, AdamW; seconds per epoch = per step x 32), no evaluation,
+timed round-robin over the loops and reported as the minimum of several rounds, so that load
+from other processes on a shared machine hits every loop alike. Loops:
 
 - ``plain_tl``: ``HookedTransformer`` + ``torch.optim.AdamW``, full forward, loss at the readout;
 - ``single_trainer``: ``training.trainer.train`` (includes its two evaluations with gradient
@@ -53,23 +55,47 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
-def plain_tl(cfg, splits, epochs, dev) -> float:
+def plain_tl_stepper(cfg, splits, dev):
+    """One AdamW step of the plain TransformerLens loop per call."""
     model = build_model(cfg["model"], seed=0, device=str(dev))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     tokens, labels = splits["train_tokens"].to(dev), splits["train_labels"].to(dev)
     n, bs = len(tokens), cfg["train"]["batch_size"]
-    _sync(dev)
-    t = time.perf_counter()
-    for epoch in range(1, epochs + 1):
-        perm = torch.randperm(n, generator=epoch_generator(0, epoch)).to(dev)
-        for s in range(0, n, bs):
-            idx = perm[s : s + bs]
-            loss = F.cross_entropy(model(tokens[idx])[:, -1], labels[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-    _sync(dev)
-    return (time.perf_counter() - t) / epochs
+    perm = torch.randperm(n, generator=epoch_generator(0, 1)).to(dev)
+    state = {"s": 0}
+
+    def step():
+        s = state["s"] = (state["s"] + bs) % n
+        idx = perm[s : s + bs]
+        loss = F.cross_entropy(model(tokens[idx])[:, -1], labels[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def ensemble_stepper(cfg, splits, E, dev):
+    """One step of the ensemble engine's inner loop (E members) per call."""
+    stack = StackedTransformer.from_models([build_model(cfg["model"], seed=s) for s in range(E)]).to(dev)
+    params = list(stack.params)
+    opt = StackedAdamW(params, [1e-3] * E, [0.1] * E, (0.9, 0.999))
+    tokens = splits["train_tokens"].to(dev).expand(E, -1, -1).contiguous()
+    labels = splits["train_labels"].to(dev).expand(E, -1).contiguous()
+    n, T, bs = tokens.shape[1], tokens.shape[2], cfg["train"]["batch_size"]
+    perm = torch.stack([torch.randperm(n, generator=epoch_generator(s, 1)) for s in range(E)]).to(dev)
+    state = {"s": 0}
+
+    def step():
+        s = state["s"] = (state["s"] + bs) % n
+        idx = perm[:, s : s + bs]
+        batch = torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, T))
+        y = torch.gather(labels, 1, idx)
+        logits = stack(batch)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(E, -1).mean(1).sum()
+        opt.step(list(torch.autograd.grad(loss, params)))
+
+    return step, stack.flops_per_example()
 
 
 def single_trainer(cfg, epochs, dev) -> float:
@@ -80,34 +106,29 @@ def single_trainer(cfg, epochs, dev) -> float:
         return (time.perf_counter() - t) / epochs
 
 
-def ensemble(cfg, splits, E, epochs, dev) -> tuple[float, float]:
-    stack = StackedTransformer.from_models([build_model(cfg["model"], seed=s) for s in range(E)]).to(dev)
-    params = list(stack.params)
-    opt = StackedAdamW(params, [1e-3] * E, [0.1] * E, (0.9, 0.999))
-    tokens = splits["train_tokens"].to(dev).expand(E, -1, -1).contiguous()
-    labels = splits["train_labels"].to(dev).expand(E, -1).contiguous()
-    n, T, bs = tokens.shape[1], tokens.shape[2], cfg["train"]["batch_size"]
-    _sync(dev)
-    t = time.perf_counter()
-    for epoch in range(1, epochs + 1):
-        perm = torch.stack([torch.randperm(n, generator=epoch_generator(s, epoch)) for s in range(E)]).to(dev)
-        for s in range(0, n, bs):
-            idx = perm[:, s : s + bs]
-            batch = torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, T))
-            y = torch.gather(labels, 1, idx)
-            logits = stack(batch)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(E, -1).mean(1).sum()
-            opt.step(list(torch.autograd.grad(loss, params)))
-    _sync(dev)
-    per_epoch = (time.perf_counter() - t) / epochs
-    gflops = 3 * stack.flops_per_example() * n * E / per_epoch / 1e9
-    return per_epoch, gflops
+def interleaved(steppers: dict, steps: int, repeats: int, dev) -> dict[str, float]:
+    """Seconds per step for each stepper: the minimum over ``repeats`` rounds, run round-robin
+    so that load from other processes hits every variant alike."""
+    best = {k: float("inf") for k in steppers}
+    for f in steppers.values():
+        f()  # warm-up
+    for _ in range(repeats):
+        for k, f in steppers.items():
+            _sync(dev)
+            t = time.perf_counter()
+            for _ in range(steps):
+                f()
+            _sync(dev)
+            best[k] = min(best[k], (time.perf_counter() - t) / steps)
+    return best
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,4,8,16")
-    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=1, help="epochs of the single-seed trainer's end-to-end run")
+    ap.add_argument("--steps", type=int, default=8, help="AdamW steps per timing round")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (the minimum is reported)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--skip-single", action="store_true", help="skip the single-seed trainer")
     a = ap.parse_args()
@@ -119,21 +140,26 @@ def main() -> None:
     out: dict = {
         "device": str(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
         "model": "2L 2H d_model 64 d_mlp 128, seq_len 5 (n_ctx 6)", "n_train": t["n_train"], "batch_size": cfg["train"]["batch_size"],
-        "epochs_timed": a.epochs, "sgemm_2048_gflops": round(sgemm_gflops(dev), 1),
+        "steps_per_round": a.steps, "rounds": a.repeats, "sgemm_2048_gflops": round(sgemm_gflops(dev), 1),
     }
-    plain_tl(cfg, splits, 1, dev) if a.epochs > 1 else None  # warm-up only when timing several epochs
-    tl = plain_tl(cfg, splits, a.epochs, dev)
-    out["plain_tl"] = {"s_per_seed_epoch": round(tl, 4), "seed_epochs_per_s": round(1 / tl, 3)}
-    if not a.skip_single:
-        st = single_trainer(cfg, a.epochs, dev)
-        out["single_trainer"] = {"s_per_seed_epoch": round(st, 4), "seed_epochs_per_s": round(1 / st, 3), "x_plain_tl": round(tl / st, 2)}
+    steppers = {"plain_tl": plain_tl_stepper(cfg, splits, dev)}
+    flops = {}
     for E in sizes:
-        ensemble(cfg, splits, E, 1, dev) if E == sizes[0] and a.epochs > 1 else None
-        per_epoch, gflops = ensemble(cfg, splits, E, a.epochs, dev)
+        steppers[f"ensemble_{E}"], flops[E] = ensemble_stepper(cfg, splits, E, dev)
+    per_step = interleaved(steppers, a.steps, a.repeats, dev)
+    steps_per_epoch = -(-t["n_train"] // cfg["train"]["batch_size"])
+    tl = per_step["plain_tl"] * steps_per_epoch
+    out["plain_tl"] = {"s_per_seed_epoch": round(tl, 4), "seed_epochs_per_s": round(1 / tl, 3)}
+    for E in sizes:
+        per_epoch = per_step[f"ensemble_{E}"] * steps_per_epoch
         out[f"ensemble_{E}"] = {
             "s_per_epoch": round(per_epoch, 4), "seed_epochs_per_s": round(E / per_epoch, 3),
-            "x_plain_tl": round(tl / (per_epoch / E), 2), "gflops": round(gflops, 1),
+            "x_plain_tl": round(tl / (per_epoch / E), 2), "gflops": round(3 * flops[E] * t["n_train"] * E / per_epoch / 1e9, 1),
         }
+    if not a.skip_single:
+        st = single_trainer(cfg, a.epochs, dev)
+        out["single_trainer"] = {"s_per_seed_epoch": round(st, 4), "seed_epochs_per_s": round(1 / st, 3), "x_plain_tl": round(tl / st, 2),
+                                 "note": f"end to end over {a.epochs} epoch(s), including 2 evaluations with gradient probes; not interleaved"}
     best = max(sizes, key=lambda E: out[f"ensemble_{E}"]["seed_epochs_per_s"])
     out["best_E"] = best
     out["best_x_plain_tl"] = out[f"ensemble_{best}"]["x_plain_tl"]

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible to torch')"
-"$PY" benchmarks/ensemble_speed.py --device cuda --sizes "${SIZES:-1,8,32,64,128,256}" --epochs "${EPOCHS:-2}" --skip-single | tee /tmp/ensemble_speed_gpu.json
+"$PY" benchmarks/ensemble_speed.py --device cuda --sizes "${SIZES:-1,8,32,64,128,256}" --steps "${STEPS:-16}" --skip-single | tee /tmp/ensemble_speed_gpu.json
 "$PY" - <<'PY'
 import json
 r = json.load(open("/tmp/ensemble_speed_gpu.json"))
