@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from killharness import Harness, exec_run, run_files  # noqa: E402
+from killharness import Harness, exec_run, run_files
 
 # a modular-addition run small enough to train in well under a second: 5 evaluations, checkpoints
 # thinned after the first (ckpt-density 1: epochs 0, 1, 2, 4), so every kind of file gets written several times

@@ -221,7 +221,7 @@ def exec_run(argv: list[str], cwd: str | Path, timeout: float = 600) -> Outcome:
     """``python -m lenslab.cli *argv`` in a fresh interpreter (one torch thread, like the forked children)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    p = subprocess.run([sys.executable, "-m", "lenslab.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run([sys.executable, "-m", "lenslab.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     return Outcome(rc=p.returncode, killed=p.returncode == -signal.SIGKILL, stderr=p.stderr)
 
 

@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
-from helpers import tiny_modadd  # noqa: E402
+from helpers import tiny_modadd
 
-from lenslab.cli import build_parser, main  # noqa: E402
-from training.trainer import train  # noqa: E402
+from lenslab.cli import build_parser, main
+from training.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_TIMEOUT_S = 120  # an example that runs longer is a hang (a budget flag that escaped its bound)

@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
-from helpers import tiny_config  # noqa: E402
+from helpers import tiny_config
 
-from interp.spectral import traps_command  # noqa: E402
-from tasks.errors import LenslabError  # noqa: E402
-from training.presets import build_model  # noqa: E402
-from training.run import Run  # noqa: E402
-from training.runio import (  # noqa: E402
+from interp.spectral import traps_command
+from tasks.errors import LenslabError
+from training.presets import build_model
+from training.run import Run
+from training.runio import (
     MAX_MODEL_BYTES,
     load_checkpoint_into,
     load_splits,
@@ -33,7 +33,7 @@ from training.runio import (  # noqa: E402
     read_jsonl,
     read_safetensors,
 )
-from training.trainer import train  # noqa: E402
+from training.trainer import train
 
 FUZZ = settings(max_examples=40, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
 MEMORY_SLACK = 256 << 20  # a case may not raise the peak RSS by more than this

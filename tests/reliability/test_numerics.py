@@ -11,13 +11,13 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
-from helpers import tiny_modadd  # noqa: E402
+from helpers import tiny_modadd
 
-import training.trainer as trainer  # noqa: E402
-from lenslab.cli import main  # noqa: E402
-from training.errors import TrainingDiverged  # noqa: E402
-from training.run import Run  # noqa: E402
-from training.runio import atomic_save_safetensors, read_safetensors  # noqa: E402
+from lenslab.cli import main
+from training import trainer
+from training.errors import TrainingDiverged
+from training.run import Run
+from training.runio import atomic_save_safetensors, read_safetensors
 
 
 def poison_after_step(monkeypatch, step: int, value: float) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
 
-from killharness import ACTIONS, Fault, Harness, check_after_kill, diff_runs, exec_run, out_dir, recover, run_files  # noqa: E402
+from killharness import ACTIONS, Fault, Harness, check_after_kill, diff_runs, exec_run, out_dir, recover, run_files
 
 DEFAULT = "train --task modadd --p 11 --train-frac 0.5 --epochs 6 --eval-every 1 --ckpt-density 2 --no-progress"
 
