@@ -27,6 +27,7 @@ from training.runio import (
     load_splits,
     read_config,
     read_jsonl,
+    refuse_pickle,
 )
 
 
@@ -62,6 +63,7 @@ class Run:
             raise RunError(f"{path}: no such file or directory")
         focus = None
         if path.is_file():
+            refuse_pickle(path)
             focus = path
             run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
             if not (run_dir / "config.json").is_file():
