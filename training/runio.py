@@ -258,7 +258,7 @@ MODEL_LIMITS = {  # generous bounds, checked before anything is allocated
 MODEL_CHOICES = {  # optional fields: (HookedTransformerConfig's default, the values lenslab builds)
     "act_fn": ("relu", ("relu", "gelu", "gelu_new", "silu", "solu_ln")),
     "normalization_type": ("LN", (None, "LN", "LNPre")),
-    "positional_embedding_type": ("standard", ("standard", "shortcut")),
+    "positional_embedding_type": ("standard", ("standard", "shortformer")),
     "attn_only": (False, (False, True)),
     "default_prepend_bos": (True, (False, True)),
 }

@@ -126,7 +126,6 @@ def test_library_loaders_refuse_pickles(world, name):
     assert not marker.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="needs training/run.py Run.open to call runio.refuse_pickle(path) for a file (see report)")
 def test_run_open_on_a_loose_pickle_names_the_reason(world):
     root, _ = world
     with pytest.raises(RunError, match="pickle"):
