@@ -263,7 +263,7 @@ def test_model_bytes_bounds_what_transformer_lens_allocates():
             n_layers=rng.randint(1, 3), d_model=rng.choice([4, 8, 32]), n_heads=rng.randint(1, 4), d_head=rng.choice([2, 8]),
             d_mlp=rng.choice([4, 64]), d_vocab=rng.randint(2, 64), d_vocab_out=rng.randint(2, 64), n_ctx=rng.randint(1, 64),
             act_fn="relu", normalization_type=rng.choice([None, "LN", "LNPre"]), attn_only=rng.choice([False, True]),
-            positional_embedding_type=rng.choice(["standard", "shortcut"]),
+            positional_embedding_type=rng.choice(["standard", "shortformer"]),
         )
         held = sum(t.numel() * t.element_size() for t in build_model(m, seed=0).state_dict().values())
         assert held <= model_bytes(m) <= 2 * held, m
