@@ -56,16 +56,25 @@ def _seeds(text: str) -> list[int]:
     """``3`` or ``0-7`` or ``0,2,5``."""
     out: list[int] = []
     for part in text.split(","):
+        if len(out) > MAX_SEEDS:
+            break
         if "-" in part:
             a, b = part.split("-", 1)
             if not (a.isdigit() and b.isdigit()) or int(a) > int(b):
                 raise argparse.ArgumentTypeError(f"bad seed range {part!r}: use A-B with A <= B")
+            if int(b) - int(a) >= MAX_SEEDS:
+                raise argparse.ArgumentTypeError(f"seed range {part!r} has {int(b) - int(a) + 1} seeds; at most {MAX_SEEDS} per command")
             out.extend(range(int(a), int(b) + 1))
         elif part.isdigit():
             out.append(int(part))
         else:
             raise argparse.ArgumentTypeError(f"bad seed {part!r}: use non-negative integers like 0, 0-7 or 0,3")
+    if len(out) > MAX_SEEDS:
+        raise argparse.ArgumentTypeError(f"{len(out)} seeds; at most {MAX_SEEDS} per command")
     return out
+
+
+MAX_SEEDS = 10_000
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:

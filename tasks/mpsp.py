@@ -16,6 +16,8 @@ showed the paper's two-phase dynamics (see ``../shared/MEASURED.md`` and README)
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -47,7 +49,7 @@ class MPSPTask:
                 f"n_values={self.n_values!r} must be an integer >= k={self.k} "
                 "so that every class occurs"
             )
-        if self.n_values**self.seq_len > 2**62:
+        if self.seq_len * math.log2(self.n_values) > 62.5 or self.n_values**self.seq_len > 2**62:  # log first: no huge int
             raise TaskError(
                 f"n_values**seq_len = {self.n_values}**{self.seq_len} overflows int64 sequence ids; "
                 "use a shorter sequence or fewer values"

@@ -60,6 +60,7 @@ from training.trainer import (
     evaluate,
     is_checkpoint_epoch,
     make_splits,
+    resolve_device,
 )
 
 DEFAULT_ENSEMBLE = 8  # members per stack; benchmarks/ensemble_speed.py measures the best E
@@ -129,7 +130,7 @@ def train_ensemble(
     paths = [Path(o) for o in outs]
     if len({p.resolve() for p in paths}) != len(paths):
         raise ConfigError("two ensemble members write to the same directory: give each its own --out")
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = resolve_device(device)
     members = [_Member(c, p, _prepare_dir(p, c, resume)) for c, p in zip(configs, paths)]
     cache: dict[str, dict] = {}
     for m in members:  # bad sizes fail before anything is written
