@@ -21,7 +21,6 @@ embedding, causal attention scaled by 1/sqrt(d_head), ReLU MLP), reorganised for
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F

@@ -7,7 +7,7 @@ from scipy.stats import norm
 
 from training.errors import ConfigError, RunError
 from training.run import Run
-from training.sweep import pack, plan_sweep, run_sweep, summarize_sweep, wilson
+from training.sweep import pack, plan_sweep, run_sweep, wilson
 
 TINY = dict(seq_len=4, n_values=8, n_train=512, n_val=128, n_adv=128, batch_size=256, eval_every=2)
 
