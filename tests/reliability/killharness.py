@@ -126,7 +126,8 @@ def install_faults(fault: Fault | None, record: str | None) -> None:
             if fault.action == "kill":
                 _die()
             elif fault.action == "tear":
-                _tear(path, fault.seed)
+                if op == "fsync":  # only a file being written can be torn; a rename is atomic (kill before it)
+                    _tear(path, fault.seed)
                 _die()
             elif fault.action == "after":
                 do()
