@@ -7,15 +7,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from killharness import Harness, exec_run, run_files
+from killharness import Harness, exec_run, run_files, train_argv
 
 # a modular-addition run small enough to train in well under a second: 5 evaluations, checkpoints
 # thinned after the first (ckpt-density 1: epochs 0, 1, 2, 4), so every kind of file gets written several times
-MODADD = ["train", "--task", "modadd", "--p", "11", "--train-frac", "0.5", "--epochs", "4", "--eval-every", "1", "--ckpt-density", "1", "--no-progress"]
-
-
-def train_argv(out: str) -> list[str]:
-    return [*MODADD, "--out", out]
 
 
 @pytest.fixture(scope="session")

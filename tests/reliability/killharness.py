@@ -312,3 +312,12 @@ def lock_probe(run_dir: str, go: str, done: str, result: str) -> None:
         time.sleep(0.01)
     lock.release()
     os._exit(0)
+
+
+# The small modadd run the reliability tests kill (in a uniquely named module: a plain
+# ``from conftest import`` resolves to whichever conftest pytest imported first).
+MODADD = ["train", "--task", "modadd", "--p", "11", "--train-frac", "0.5", "--epochs", "4", "--eval-every", "1", "--ckpt-density", "1", "--no-progress"]
+
+
+def train_argv(out: str) -> list[str]:
+    return [*MODADD, "--out", out]

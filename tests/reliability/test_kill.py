@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import train_argv
+from killharness import train_argv
 from killharness import Fault, check_after_kill, diff_runs, out_dir, recover, run_files
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import train_argv
+from killharness import train_argv
 from killharness import Fault, diff_runs, lock_probe, out_dir, recover, run_files
 
 from training.run import Run
