@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks import MPSPTask, make_mpsp_splits  # noqa: E402
 from training.config import mpsp_run_config  # noqa: E402
+from training.ensemble import ensemble_step  # noqa: E402
 from training.presets import build_model  # noqa: E402
 from training.stacked import StackedTransformer  # noqa: E402
 from training.stacked_adamw import StackedAdamW  # noqa: E402
@@ -82,18 +83,13 @@ def ensemble_stepper(cfg, splits, E, dev):
     opt = StackedAdamW(params, [1e-3] * E, [0.1] * E, (0.9, 0.999))
     tokens = splits["train_tokens"].to(dev).expand(E, -1, -1).contiguous()
     labels = splits["train_labels"].to(dev).expand(E, -1).contiguous()
-    n, T, bs = tokens.shape[1], tokens.shape[2], cfg["train"]["batch_size"]
+    n, bs = tokens.shape[1], cfg["train"]["batch_size"]
     perm = torch.stack([torch.randperm(n, generator=epoch_generator(s, 1)) for s in range(E)]).to(dev)
     state = {"s": 0}
 
     def step():
         s = state["s"] = (state["s"] + bs) % n
-        idx = perm[:, s : s + bs]
-        batch = torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, T))
-        y = torch.gather(labels, 1, idx)
-        logits = stack(batch)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(E, -1).mean(1).sum()
-        opt.step(list(torch.autograd.grad(loss, params)))
+        ensemble_step(stack, opt, tokens, labels, perm[:, s : s + bs])
 
     return step, stack.flops_per_example()
 

@@ -27,6 +27,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
 from tqdm import tqdm
 
 from training.config import check_train
@@ -89,6 +91,23 @@ def check_ensemble(configs: list[dict]) -> None:
             raise ConfigError(f"ensemble member {i} has a different task; members may differ only in {PER_MEMBER}")
 
 
+def ensemble_step(
+    ens: StackedTransformer,
+    opt: StackedAdamW,
+    tokens: Int[Tensor, "E n pos"],
+    labels: Int[Tensor, "E n"],
+    idx: Int[Tensor, "E batch"],
+    active: list[bool] | None = None,
+) -> Float[Tensor, "E"]:
+    """One AdamW step of every member on its own rows ``idx`` of its train split; returns the losses."""
+    batch = torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, tokens.shape[2]))
+    y = torch.gather(labels, 1, idx)
+    logits = ens(batch)
+    loss_e = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(idx.shape[0], -1).mean(1)
+    opt.step(list(torch.autograd.grad(loss_e.sum(), list(ens.params))), active)
+    return loss_e.detach()
+
+
 def _resume_tensors(stack: StackedTransformer, opt: StackedAdamW, e: int) -> dict[str, torch.Tensor]:
     """Member ``e``'s resume state in the single-seed trainer's format (``model.*``, ``optim.i.*``)."""
     tensors = {f"model.{k}": v for k, v in stack.member_state_dict(e).items()}
@@ -106,6 +125,7 @@ class _Member:
         self.rows: list[dict] = []
         self.epoch = 0
         self.diverged_at: int | None = None
+        self.summary: dict = {}
         self.splits: dict[str, torch.Tensor] = {}
 
 
@@ -187,7 +207,7 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
     E = len(members)
     tokens = torch.stack([m.splits["train_tokens"] for m in members]).to(dev)  # [E, n, pos]
     labels = torch.stack([m.splits["train_labels"] for m in members]).to(dev)  # [E, n]
-    n, T = tokens.shape[1], tokens.shape[2]
+    n = tokens.shape[1]
     bs = bs_cfg or n
     dev_splits = [{k: v.to(dev) for k, v in m.splits.items()} for m in members]
     consistent = [
@@ -232,14 +252,7 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
                 ).to(dev)
                 loss_sum = torch.zeros(E, device=dev)
                 for s in range(0, n, bs):
-                    idx = perm[:, s : s + bs]
-                    batch = torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, T))
-                    y = torch.gather(labels, 1, idx)
-                    logits = ens(batch)
-                    loss_e = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(E, -1).mean(1)
-                    grads = torch.autograd.grad(loss_e.sum(), list(ens.params))
-                    opt.step(list(grads), active)
-                    loss_sum += loss_e.detach()
+                    loss_sum += ensemble_step(ens, opt, tokens, labels, perm[:, s : s + bs], active)
                 finite = torch.isfinite(loss_sum).tolist()
                 for e, m in enumerate(members):
                     if not active[e]:
@@ -248,7 +261,8 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
                     if not finite[e]:
                         m.diverged_at = m.epoch
                         last = m.rows[-1]["epoch"] if m.rows else 0
-                        atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, last, "diverged"))
+                        m.summary = _summarize(m.config, m.rows, last, "diverged")
+                        atomic_write_json(m.out / "summary.json", m.summary)
                     elif m.epoch % eval_every == 0 or m.epoch == epochs:
                         do_eval(e)
                 new_low = min(m.epoch for m in members if m.diverged_at is None) if any(m.diverged_at is None for m in members) else epochs
@@ -268,11 +282,9 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
     summaries = []
     for m in members:
         if m.diverged_at is None:
-            s = _summarize(m.config, m.rows, epochs, "complete")
-            atomic_write_json(m.out / "summary.json", s)
-        else:
-            s = json.loads((m.out / "summary.json").read_text())
-        summaries.append(s)
+            m.summary = _summarize(m.config, m.rows, epochs, "complete")
+            atomic_write_json(m.out / "summary.json", m.summary)
+        summaries.append(m.summary)
     bad = [m for m in members if m.diverged_at is not None]
     if bad:
         names = ", ".join(f"{m.out} (epoch {m.diverged_at})" for m in bad[:4])

@@ -38,9 +38,6 @@ class StackedAdamW:
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
 
-    def _per_member(self, values: list[float], like: Tensor) -> Tensor:
-        return torch.tensor(values, dtype=like.dtype, device=like.device).view(-1, *([1] * (like.dim() - 1)))
-
     @torch.no_grad()
     def step(self, grads: list[Tensor], active: list[bool] | None = None) -> None:
         E = len(self.steps)
@@ -48,26 +45,31 @@ class StackedAdamW:
         for e in range(E):
             if act[e]:
                 self.steps[e] += 1
-        # Per-member scalars computed in float64 (as torch does in Python), applied in float32.
-        decay = [1.0 - self.lr[e] * self.wd[e] for e in range(E)]
-        step_size = [self.lr[e] / (1.0 - self.beta1 ** max(self.steps[e], 1)) for e in range(E)]
-        bc2_sqrt = [math.sqrt(1.0 - self.beta2 ** max(self.steps[e], 1)) for e in range(E)]
-        everyone = all(act)
-        mask = None if everyone else torch.tensor(act, device=self.params[0].device)
+        # Per-member scalars computed in float64 (as torch does in Python), applied in float32,
+        # built once per step and viewed per parameter shape.
+        like = self.params[0]
+        per = torch.tensor(
+            [[1.0 - self.lr[e] * self.wd[e] for e in range(E)],
+             [-self.lr[e] / (1.0 - self.beta1 ** max(self.steps[e], 1)) for e in range(E)],
+             [math.sqrt(1.0 - self.beta2 ** max(self.steps[e], 1)) for e in range(E)]],
+            dtype=like.dtype, device=like.device,
+        )
+        decay, neg_step_size, bc2_sqrt = per
+        keep = None if all(act) else ~torch.tensor(act, device=like.device)
         for p, g, m, v in zip(self.params, grads, self.exp_avg, self.exp_avg_sq):
-            if mask is not None:
-                shape = (-1,) + (1,) * (p.dim() - 1)
+            shape = (-1,) + (1,) * (p.dim() - 1)
+            if keep is not None:
                 old = (p.clone(), m.clone(), v.clone())
-            p.mul_(self._per_member(decay, p))
+            p.mul_(decay.view(shape))
             m.lerp_(g, 1 - self.beta1)
             v.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
-            denom = (v.sqrt() / self._per_member(bc2_sqrt, p)).add_(self.eps)
-            p.addcdiv_(m * self._per_member([-s for s in step_size], p), denom)
-            if mask is not None:
-                keep = ~mask.view(shape)
-                p.copy_(torch.where(keep, old[0], p))
-                m.copy_(torch.where(keep, old[1], m))
-                v.copy_(torch.where(keep, old[2], v))
+            denom = (v.sqrt() / bc2_sqrt.view(shape)).add_(self.eps)
+            p.addcdiv_(m * neg_step_size.view(shape), denom)
+            if keep is not None:
+                k = keep.view(shape)
+                p.copy_(torch.where(k, old[0], p))
+                m.copy_(torch.where(k, old[1], m))
+                v.copy_(torch.where(k, old[2], v))
 
     def member_state(self, e: int) -> dict[int, dict[str, Tensor]]:
         """Member ``e``'s moments in ``torch.optim.AdamW.state_dict()["state"]`` form."""
