@@ -152,6 +152,30 @@ def test_interrupt_and_resume_is_bitwise_identical_and_mixed_start_epochs(tmp_pa
     _close_weights(Run.open(straight[1]), Run.open(mixed[1]), atol=1e-5)
 
 
+def test_member_is_bitwise_independent_of_ensemble_size_and_position(tmp_path):
+    """Seed 5 trained alone (E=1) and as member 2 of E=4 (neighbours differ in seed, r and weight
+    decay): every checkpoint, the resume state and metrics.jsonl are byte-for-byte the same. A
+    2L2H model, so both the full and the readout-only block are covered."""
+    from training.config import mpsp_run_config
+
+    def cfg(seed, ratio=0.9, wd=0.1):
+        return mpsp_run_config(ratio=ratio, layers=2, heads=2, n_train=1024, n_val=128, n_adv=128,
+                               seed=seed, epochs=4, eval_every=2, batch_size=256, weight_decay=wd)
+
+    alone = tmp_path / "alone"
+    train_ensemble([cfg(5)], [alone], progress=False)
+    outs = [tmp_path / f"m{i}" for i in range(4)]
+    train_ensemble([cfg(1, 0.5, 0.4), cfg(2), cfg(5), cfg(9, 0.7)], outs, progress=False)
+    names = sorted(p.name for p in (alone / "checkpoints").iterdir())
+    assert names == sorted(p.name for p in (outs[2] / "checkpoints").iterdir())
+    assert {"0.safetensors", "4.safetensors", "resume.safetensors"} <= set(names)
+    for n in names:
+        assert (alone / "checkpoints" / n).read_bytes() == (outs[2] / "checkpoints" / n).read_bytes(), n
+    assert (alone / "metrics.jsonl").read_bytes() == (outs[2] / "metrics.jsonl").read_bytes()
+    # and the neighbours really were different runs
+    assert (outs[1] / "checkpoints" / "4.safetensors").read_bytes() != (alone / "checkpoints" / "4.safetensors").read_bytes()
+
+
 def test_incompatible_members_are_refused_with_the_reason():
     a, b = tiny_config(seed=0), tiny_config(seed=1, batch_size=128)
     with pytest.raises(ConfigError, match="train.batch_size"):
