@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from training.config import mpsp_run_config
 from training.errors import ConfigError, RunError
-from training.runio import atomic_write_bytes, atomic_write_json
+from training.runio import TMP_SUFFIX, RunLock, atomic_write_bytes, atomic_write_json
 
 SWEEP_FORMAT = "lenslab-sweep/1"
 EXECUTORS = ("local", "ray")
@@ -162,21 +162,27 @@ def write_plan(plan: dict) -> Path:
             raise RunError(f"{path} is not a lenslab sweep plan; choose another --out")
         if _without_epochs(old.get("members")) != _without_epochs(plan["members"]):
             raise RunError(f"{root} holds a different sweep (grid {old.get('grid')}); rerun it with the same flags, or choose another --out")
-    elif root.exists() and any(root.iterdir()):
+    elif root.exists() and any(p.name != ".lock" and not (p.name.startswith(".") and p.name.endswith(TMP_SUFFIX)) for p in root.iterdir()):
         raise RunError(f"--out {root} is a non-empty directory without a sweep.json; choose an empty or new directory")
     root.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, plan)
+    # the folder is the root: not stored, so a moved or copied sweep folder is the same sweep, byte for byte
+    atomic_write_json(path, {k: v for k, v in plan.items() if k != "root"})
     return path
 
 
-def run_sweep(plan: dict, executor: str = "local", workers: int = 1, progress: bool = True, device: str | None = None, poll_s: float = 2.0) -> dict:
+def run_sweep(plan: dict, executor: str = "local", workers: int = 1, progress: bool = True, device: str | None = None, poll_s: float = 2.0) -> list[dict]:
     """Run every unfinished member; returns ``summarize_sweep``'s table. Killed? Run it again."""
     if executor not in EXECUTORS:
         raise ConfigError(f"executor={executor!r}: use one of {EXECUTORS}")
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers={workers!r} must be an integer >= 1")
-    write_plan(plan)
     root = Path(plan["root"])
+    with RunLock(root):  # one sweep process per folder; also removes temp files a killed one left
+        return _run_sweep_locked(plan, root, executor, workers, progress, device, poll_s)
+
+
+def _run_sweep_locked(plan, root, executor, workers, progress, device, poll_s) -> list[dict]:
+    write_plan(plan)
     all_members = _members(plan)
     jobs = pack(plan)
     total = sum(m.config["train"]["epochs"] for m in all_members)
@@ -290,7 +296,7 @@ def summarize_sweep(root: str | Path, write: bool = True) -> list[dict]:
     if write:
         atomic_write_json(root / "results.json", {"grid": plan["grid"], "settings": plan["settings"], "cells": rows})
         atomic_write_bytes(root / "results.csv", _csv(rows).encode())
-        atomic_write_bytes(root / "results.html", sweep_figure(rows).to_html(include_plotlyjs=True, full_html=True).encode())
+        atomic_write_bytes(root / "results.html", sweep_figure(rows).to_html(include_plotlyjs=True, full_html=True, div_id="lenslab-sweep-results").encode())
     return rows
 
 

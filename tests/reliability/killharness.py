@@ -231,11 +231,13 @@ def out_dir(argv: list[str], cwd: Path) -> Path:
 
 
 def recover(h: Harness, argv: list[str], fault: Fault | None = None) -> tuple[str, Outcome]:
-    """What a user does after a crash: the same command with ``--resume``.
+    """What a user does after a crash: the same command with ``--resume`` (a sweep: the same command).
 
     A kill before ``config.json`` exists leaves nothing to resume (the CLI says so); then the
     plain command is run again. Returns ``("resumed" | "restarted", outcome)``.
     """
+    if argv and argv[0] == "sweep":  # a sweep resumes by running the same command again
+        return "resumed", h.run(argv, fault=fault)
     o = h.run([*argv, "--resume"], fault=fault)
     if o.rc == 2 and "holds no run to resume" in o.last_line:
         return "restarted", h.run(argv, fault=fault)
@@ -257,8 +259,34 @@ def diff_runs(got: dict[str, bytes], want: dict[str, bytes]) -> list[str]:
     return out
 
 
-def check_after_kill(run_dir: str | Path, reference: dict[str, bytes]) -> list[str]:
-    """Problems with a killed run directory (empty: fine).
+def check_after_kill(out: str | Path, reference: dict[str, bytes]) -> list[str]:
+    """Problems with a killed command's ``--out`` folder (empty: fine).
+
+    The folder is one run directory (``train``), or holds several (``train --seeds``: ``seed_<s>/``;
+    ``sweep``: ``<cell>/seed_<s>/`` beside ``sweep.json`` and ``results.*``). Every run directory in
+    it is checked by ``check_run_after_kill`` against its part of the reference; every other file
+    must be bitwise the reference's (written atomically, so complete or absent).
+    """
+    out = Path(out)
+    if (out / "config.json").is_file():
+        return check_run_after_kill(out, reference)
+    runs = sorted(p.parent for p in out.rglob("config.json"))
+    problems = []
+    for d in runs:
+        prefix = f"{d.relative_to(out)}/"
+        part = {k.removeprefix(prefix): v for k, v in reference.items() if k.startswith(prefix)}
+        problems += [f"{prefix}: {p}" for p in check_run_after_kill(d, part)]
+    inside = tuple(f"{d.relative_to(out)}/" for d in runs)
+    for rel, data in run_files(out).items():
+        if rel.startswith(inside) or any(part.startswith(".") for part in Path(rel).parts):
+            continue
+        if reference.get(rel) != data:
+            problems.append(f"{rel} is not bitwise the reference file")
+    return problems
+
+
+def check_run_after_kill(run_dir: str | Path, reference: dict[str, bytes]) -> list[str]:
+    """Problems with one killed run directory (empty: fine).
 
     Once it has a config it opens with ``Run.open``; every metrics row it yields is the reference
     run's row for that epoch (a torn line never parses); the summary parses; every checkpoint loads

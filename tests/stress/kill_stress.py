@@ -99,7 +99,8 @@ def main() -> None:
     h.run(with_out(base, "timed"))
     duration = time.time() - t_probe
     events = probe.events
-    assert probe.rc == 0 and diff_runs(run_files(h.cwd / "probe"), reference) == [], "a forked run differs from the exec'd one"
+    d = diff_runs(run_files(h.cwd / "probe"), reference)
+    assert probe.rc == 0 and d == [], f"a forked run differs from the exec'd one: {d[:6]}"
 
     by_fault: dict[str, Counter] = defaultdict(Counter)
     outcomes, failures = Counter(), []

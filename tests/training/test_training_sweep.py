@@ -68,6 +68,20 @@ def test_a_different_sweep_in_the_same_folder_is_refused(tmp_path):
         _plan(tmp_path / "t", seeds=[0, 0])
 
 
+def test_a_second_sweep_process_on_the_folder_is_refused_and_a_killed_ones_leftovers_are_not(tmp_path):
+    from training.runio import RunLock
+
+    plan = _plan(tmp_path / "s", epochs=1)
+    with RunLock(tmp_path / "s"):  # another process's lock (flock: per open file, so this holds against us too)
+        with pytest.raises(RunError, match="another lenslab process"):
+            run_sweep(plan, progress=False)
+    assert not (tmp_path / "s" / "sweep.json").exists()
+    # a sweep killed while writing its plan leaves only a temp file: the folder still counts as new
+    (tmp_path / "s" / ".sweep.json.abc123.tmp").write_text('{"form')
+    run_sweep(plan, progress=False)
+    assert sorted(p.name for p in (tmp_path / "s").iterdir() if p.name.startswith(".")) == []
+
+
 def test_ray_executor_gives_the_local_results(tmp_path):
     ray = pytest.importorskip("ray")
     plan_kw = dict(heads=[1], ratios=[0.5, 0.9], seeds=[0, 1], ensemble_size=2)
