@@ -62,7 +62,7 @@ def test_kill_then_rerun_gives_the_uninterrupted_folder(harness, references, cas
     killed = harness.run(argv, fault=Fault(event, action, seed=event))
     assert killed.killed, killed.stderr
     assert check_after_kill(run, reference) == []
-    how, done = recover(harness, argv)
+    _, done = recover(harness, argv)
     assert done.rc == 0, done.stderr
     assert diff_runs(run_files(run), reference) == []
 
@@ -78,6 +78,6 @@ def test_sweep_killed_from_outside_and_again_in_its_rerun(harness, references):
     assert check_after_kill(run, reference) == []
     harness.run(argv, kill_after=0.3)  # may or may not land before the end
     assert check_after_kill(run, reference) == []
-    how, done = recover(harness, argv)
+    _, done = recover(harness, argv)
     assert done.rc == 0, done.stderr
     assert diff_runs(run_files(run), reference) == []
