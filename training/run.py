@@ -112,7 +112,9 @@ class Run:
         return [e for e, _ in self.checkpoints()]
 
     # -- models ----------------------------------------------------------------------
-    def new_model(self, device: str | None = None) -> HookedTransformer:
+    def new_model(self, device: str = "cpu") -> HookedTransformer:
+        """A fresh model of this run's architecture. CPU by default (not TL's "cuda when available"):
+        the analysis tools build their inputs on the CPU; pass ``device="cuda"`` to move it."""
         return build_model(self.config["model"], seed=0, device=device)
 
     def _path_for(self, epoch: int | None) -> Path:
@@ -128,7 +130,7 @@ class Run:
                 return p
         raise RunError(f"{self.path}: no checkpoint for epoch {epoch}; available: {[e for e, _ in ckpts]}")
 
-    def model(self, epoch: int | None = None, device: str | None = None) -> HookedTransformer:
+    def model(self, epoch: int | None = None, device: str = "cpu") -> HookedTransformer:
         """The model at ``epoch`` (default: the focused or the last checkpoint), in eval mode."""
         model = self.new_model(device)
         load_checkpoint_into(model, self._path_for(epoch), self.config["model"])
@@ -140,7 +142,7 @@ class Run:
         m = CKPT_RE.match(self.focus.name)
         return int(m.group(1)) if m else None
 
-    def iter_models(self, device: str | None = None) -> Iterator[tuple[int, HookedTransformer]]:
+    def iter_models(self, device: str = "cpu") -> Iterator[tuple[int, HookedTransformer]]:
         """``(epoch, model)`` over every checkpoint in order; one model object, reloaded in place."""
         model = self.new_model(device).eval()
         for epoch, path in self.checkpoints():
