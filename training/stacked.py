@@ -12,9 +12,12 @@ embedding, causal attention scaled by 1/sqrt(d_head), ReLU MLP), reorganised for
 
 - the token embedding is a one-hot matmul (deterministic backward, no scatter);
 - Q, K and V come from one fused matmul per layer;
+- LayerNorm's w and b, and attention's 1/sqrt(d_head), are folded into the next matmul's
+  (small) weights instead of being applied to the (large) activations;
 - only the readout (last) position's logits are returned, so in the **last** layer only the
   last position's query, attention output and MLP are computed (keys and values still use
   every position). Earlier positions of the last layer cannot influence the readout logits.
+  That single query's attention is computed by broadcasting, without transposes.
 
 ``tests/training/test_training_stacked.py`` checks every member against ``HookedTransformer``.
 """
@@ -97,37 +100,51 @@ class StackedTransformer(nn.Module):
         shape = (w.shape[0],) + (1,) * (x.dim() - 2) + (w.shape[1],)
         return torch.addcmul(b.view(shape), F.layer_norm(x, x.shape[-1:], eps=self.eps), w.view(shape))
 
+    def _normed_linear(self, x: Tensor, prefix: str | None, W: Float[Tensor, "E D n"], b: Float[Tensor, "E n"]) -> Float[Tensor, "E rows n"]:
+        """``LN(x) @ W + b`` with the LayerNorm's w, b folded into the (small) weights, not applied
+        to the (large) activations: ``norm(x) @ (w[:, None] * W) + (b_ln @ W + b)``."""
+        E, D = W.shape[0], W.shape[1]
+        bias = b[:, None, :]
+        if prefix is not None and self.ln:
+            w_ln, b_ln = self.p(prefix + ".w"), self.p(prefix + ".b")
+            bias = torch.baddbmm(bias, b_ln[:, None, :], W)
+            W = W * w_ln[:, :, None]
+            x = F.layer_norm(x, (D,), eps=self.eps)
+        return torch.baddbmm(bias, x.reshape(E, -1, D), W)
+
     def _block(self, layer: int, x: Float[Tensor, "E B T D"], last_only: bool) -> Tensor:
         pre = f"blocks.{layer}."
         E, B, T, D = x.shape
         H, dh = self.cfg.n_heads, self.cfg.d_head
-        h = self._norm(x, pre + "ln1")
-        W_Q, W_K, W_V = (self.p(pre + f"attn.W_{c}") for c in "QKV")  # [E, H, D, dh]
-        b_Q, b_K, b_V = (self.p(pre + f"attn.b_{c}") for c in "QKV")  # [E, H, dh]
+        ln1 = pre + "ln1"
 
-        def proj(inp: Tensor, Ws: list[Tensor], bs: list[Tensor]) -> Tensor:
-            W = torch.cat([w.permute(0, 2, 1, 3).reshape(E, D, H * dh) for w in Ws], dim=2)
-            bias = torch.cat([b.reshape(E, 1, H * dh) for b in bs], dim=2)
-            return torch.baddbmm(bias, inp.reshape(E, -1, D), W)
+        def weights(c: str) -> tuple[Tensor, Tensor]:  # [E, D, H*dh], [E, H*dh]; the 1/sqrt(d_head) folded into Q
+            W, b = self.p(pre + f"attn.W_{c}").permute(0, 2, 1, 3).reshape(E, D, H * dh), self.p(pre + f"attn.b_{c}").reshape(E, H * dh)
+            return (W / self.attn_scale, b / self.attn_scale) if c == "Q" else (W, b)
 
-        if last_only:
-            k, v = proj(h, [W_K, W_V], [b_K, b_V]).view(E, B, T, 2, H, dh).unbind(3)
-            q = proj(h[:, :, -1:], [W_Q], [b_Q]).view(E, B, 1, H, dh)
+        def proj(inp: Tensor, cs: str) -> Tensor:
+            Ws, bs = zip(*(weights(c) for c in cs))
+            return self._normed_linear(inp, ln1, torch.cat(Ws, dim=2), torch.cat(bs, dim=1))
+
+        if last_only:  # one query: scores and mixing by broadcasting in the [E, B, T, H, dh] layout (no transposes)
+            k, v = proj(x, "KV").view(E, B, T, 2, H, dh).unbind(3)
+            q = proj(x[:, :, -1:], "Q").view(E, B, 1, H, dh)
+            pattern = (q * k).sum(-1).softmax(2)  # [E, B, T, H]
+            z = (pattern[..., None] * v).sum(2).reshape(E, B, H * dh)  # [E, B, H*dh]
+            Tq = 1
         else:
-            q, k, v = proj(h, [W_Q, W_K, W_V], [b_Q, b_K, b_V]).view(E, B, T, 3, H, dh).unbind(3)
-        Tq = q.shape[2]
-        q, k, v = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)  # [E, B, H, T, dh]
-        scores = q @ k.transpose(-1, -2) / self.attn_scale  # [E, B, H, Tq, T]
-        if not last_only and T > 1:
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            scores = scores.masked_fill(~mask, float("-inf"))
-        pattern = scores.softmax(-1)
-        z = (pattern @ v).transpose(2, 3).reshape(E, B * Tq, H * dh)  # [E, B*Tq, H*dh]
+            q, k, v = proj(x, "QKV").view(E, B, T, 3, H, dh).unbind(3)
+            Tq = T
+            q, k, v = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)  # [E, B, H, T, dh]
+            scores = q @ k.transpose(-1, -2)  # [E, B, H, T, T]
+            if T > 1:
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+                scores = scores.masked_fill(~mask, float("-inf"))
+            z = (scores.softmax(-1) @ v).transpose(2, 3).reshape(E, B * T, H * dh)  # [E, B*T, H*dh]
         W_O = self.p(pre + "attn.W_O").reshape(E, H * dh, D)
-        attn_out = torch.baddbmm(self.p(pre + "attn.b_O")[:, None, :], z, W_O).view(E, B, Tq, D)
+        attn_out = torch.baddbmm(self.p(pre + "attn.b_O")[:, None, :], z.reshape(E, B * Tq, H * dh), W_O).view(E, B, Tq, D)
         resid = (x[:, :, -1:] if last_only else x) + attn_out
-        h2 = self._norm(resid, pre + "ln2").reshape(E, B * Tq, D)
-        hidden = torch.baddbmm(self.p(pre + "mlp.b_in")[:, None, :], h2, self.p(pre + "mlp.W_in")).relu()
+        hidden = self._normed_linear(resid, pre + "ln2", self.p(pre + "mlp.W_in"), self.p(pre + "mlp.b_in")).relu()
         mlp_out = torch.baddbmm(self.p(pre + "mlp.b_out")[:, None, :], hidden, self.p(pre + "mlp.W_out"))
         return resid + mlp_out.view(E, B, Tq, D)
 
