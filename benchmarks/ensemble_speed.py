@@ -11,7 +11,9 @@ from other processes on a shared machine hits every loop alike. Loops:
 - ``single_trainer``: ``training.trainer.train`` (includes its two evaluations with gradient
   probes, at epoch 0 and at the end, so it is an upper bound on its per-epoch cost);
 - ``ensemble_E``: ``StackedTransformer`` + ``StackedAdamW``, the inner loop of
-  ``training.ensemble.train_ensemble``, with E members.
+  ``training.ensemble.train_ensemble``, with E members;
+- ``ensemble_E_xPproc``: P such ensembles stepping at once in P processes with cores/P threads
+  each, which is how ``lenslab sweep --workers P`` uses the machine (default P = 2 on CPU).
 
 Also the achieved GFLOP/s (forward work actually done x 3 for forward + backward) beside the
 machine's large-matmul GFLOP/s (2048^2 sgemm), measured here too. Prints one JSON document.
@@ -94,6 +96,53 @@ def ensemble_stepper(cfg, splits, E, dev):
     return step, stack.flops_per_example()
 
 
+def _worker(conn, E: int, threads: int, device: str) -> None:
+    """A process holding its own E-member ensemble; runs one step per message (``lenslab sweep --workers P``)."""
+    torch.set_num_threads(threads)
+    cfg = mpsp_run_config(ratio=0.9, layers=2, heads=2)
+    t = cfg["task"]
+    splits = make_mpsp_splits(MPSPTask(seq_len=t["seq_len"], n_values=t["n_values"]), 0.9, t["n_train"], t["n_val"], t["n_adv"], 0)
+    dev = torch.device(device)
+    step, _ = ensemble_stepper(cfg, splits, E, dev)
+    step()  # warm-up
+    conn.send("ready")
+    while conn.recv() == "step":
+        step()
+        _sync(dev)
+        conn.send("done")
+
+
+def multiprocess_stepper(E: int, processes: int, dev):
+    """One step of ``processes`` ensembles at once, each in its own process with cores/processes threads."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    threads = max(1, torch.get_num_threads() // processes)
+    conns, procs = [], []
+    for _ in range(processes):
+        a, b = ctx.Pipe()
+        pr = ctx.Process(target=_worker, args=(b, E, threads, str(dev)), daemon=True)
+        pr.start()
+        conns.append(a)
+        procs.append(pr)
+    for c in conns:
+        assert c.recv() == "ready"
+
+    def step():
+        for c in conns:
+            c.send("step")
+        for c in conns:
+            c.recv()
+
+    def close():
+        for c in conns:
+            c.send("stop")
+        for pr in procs:
+            pr.join(10)
+
+    return step, close, threads
+
+
 def single_trainer(cfg, epochs, dev) -> float:
     with tempfile.TemporaryDirectory() as d:
         c = {**cfg, "train": {**cfg["train"], "epochs": epochs, "eval_every": 10**6}}
@@ -127,8 +176,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (the minimum is reported)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--skip-single", action="store_true", help="skip the single-seed trainer")
+    ap.add_argument("--processes", type=int, default=None, help="also time this many ensembles in parallel processes, as lenslab sweep --workers does (1: skip)")
     a = ap.parse_args()
     dev = torch.device(a.device)
+    if a.processes is None:
+        a.processes = 1 if dev.type == "cuda" else 2
     cfg = mpsp_run_config(ratio=0.9, layers=2, heads=2)
     t = cfg["task"]
     splits = make_mpsp_splits(MPSPTask(seq_len=t["seq_len"], n_values=t["n_values"]), 0.9, t["n_train"], t["n_val"], t["n_adv"], 0)
@@ -142,7 +194,14 @@ def main() -> None:
     flops = {}
     for E in sizes:
         steppers[f"ensemble_{E}"], flops[E] = ensemble_stepper(cfg, splits, E, dev)
+    closers = []
+    if a.processes > 1:
+        for E in sizes:
+            steppers[f"ensemble_{E}_x{a.processes}proc"], close, threads = multiprocess_stepper(E, a.processes, dev)
+            closers.append(close)
     per_step = interleaved(steppers, a.steps, a.repeats, dev)
+    for close in closers:
+        close()
     steps_per_epoch = -(-t["n_train"] // cfg["train"]["batch_size"])
     tl = per_step["plain_tl"] * steps_per_epoch
     out["plain_tl"] = {"s_per_seed_epoch": round(tl, 4), "seed_epochs_per_s": round(1 / tl, 3)}
@@ -152,13 +211,22 @@ def main() -> None:
             "s_per_epoch": round(per_epoch, 4), "seed_epochs_per_s": round(E / per_epoch, 3),
             "x_plain_tl": round(tl / (per_epoch / E), 2), "gflops": round(3 * flops[E] * t["n_train"] * E / per_epoch / 1e9, 1),
         }
+    if a.processes > 1:
+        for E in sizes:
+            per_epoch = per_step[f"ensemble_{E}_x{a.processes}proc"] * steps_per_epoch
+            n = E * a.processes
+            out[f"ensemble_{E}_x{a.processes}proc"] = {
+                "members": n, "threads_per_process": threads, "s_per_epoch": round(per_epoch, 4), "seed_epochs_per_s": round(n / per_epoch, 3),
+                "x_plain_tl": round(tl / (per_epoch / n), 2), "gflops": round(3 * flops[E] * t["n_train"] * n / per_epoch / 1e9, 1),
+            }
     if not a.skip_single:
         st = single_trainer(cfg, a.epochs, dev)
         out["single_trainer"] = {"s_per_seed_epoch": round(st, 4), "seed_epochs_per_s": round(1 / st, 3), "x_plain_tl": round(tl / st, 2),
                                  "note": f"end to end over {a.epochs} epoch(s), including 2 evaluations with gradient probes; not interleaved"}
-    best = max(sizes, key=lambda E: out[f"ensemble_{E}"]["seed_epochs_per_s"])
-    out["best_E"] = best
-    out["best_x_plain_tl"] = out[f"ensemble_{best}"]["x_plain_tl"]
+    keys = [k for k in out if k.startswith("ensemble_")]
+    best = max(keys, key=lambda k: out[k]["seed_epochs_per_s"])
+    out["best"] = best
+    out["best_x_plain_tl"] = out[best]["x_plain_tl"]
     out["target_x_plain_tl"] = 3.0
     print(json.dumps(out, indent=2))
 

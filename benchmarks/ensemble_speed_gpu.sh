@@ -11,10 +11,10 @@ PY=${PY:-.venv/bin/python}
 "$PY" - <<'PY'
 import json
 r = json.load(open("/tmp/ensemble_speed_gpu.json"))
-best = r[f"ensemble_{r['best_E']}"]
+best = r[r["best"]]
 seed_epochs = 2 * 2 * 2 * 32 * 15_000
 hours = seed_epochs / best["seed_epochs_per_s"] / 3600
-print(json.dumps({"paper_grid_seed_epochs": seed_epochs, "best_E": r["best_E"], "seed_epochs_per_s": best["seed_epochs_per_s"],
+print(json.dumps({"paper_grid_seed_epochs": seed_epochs, "best": r["best"], "seed_epochs_per_s": best["seed_epochs_per_s"],
                   "estimated_hours_one_gpu_training_only": round(hours, 2),
                   "note": "training only; evaluations every 5 epochs add per-member forward + gradient-probe time"}, indent=2))
 PY
