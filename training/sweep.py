@@ -170,10 +170,20 @@ def write_plan(plan: dict) -> Path:
     return path
 
 
-def run_sweep(plan: dict, executor: str = "local", workers: int = 1, progress: bool = True, device: str | None = None, poll_s: float = 2.0) -> list[dict]:
-    """Run every unfinished member; returns ``summarize_sweep``'s table. Killed? Run it again."""
+def run_sweep(plan: dict, executor: str = "local", workers: int | None = None, progress: bool = True, device: str | None = None, poll_s: float = 2.0) -> list[dict]:
+    """Run every unfinished member; returns ``summarize_sweep``'s table. Killed? Run it again.
+
+    ``workers``: ensembles trained at once, each with cores/workers threads. Default: 1 on CUDA;
+    on the CPU one per core (at most one per job), because these small models use one core
+    each better than two cores together (``benchmarks/ensemble_speed.py``: ``_x2proc``).
+    """
     if executor not in EXECUTORS:
         raise ConfigError(f"executor={executor!r}: use one of {EXECUTORS}")
+    if workers is None:
+        from training.trainer import resolve_device
+
+        on_cuda = resolve_device(device).type == "cuda"
+        workers = 1 if on_cuda else max(1, min(_cpu_count(), len(pack(plan)) or 1))
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers={workers!r} must be an integer >= 1")
     root = Path(plan["root"])

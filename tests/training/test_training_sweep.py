@@ -39,7 +39,7 @@ def test_packing_groups_by_architecture_and_mixes_ratios(tmp_path):
 
 def test_sweep_table_resume_extension_and_skip(tmp_path):
     straight = tmp_path / "straight"
-    rows = run_sweep(_plan(straight, epochs=4, heads=[1]), progress=False)
+    rows = run_sweep(_plan(straight, epochs=4, heads=[1]), progress=False)  # default workers: a process per job here
     assert [r["runs"] for r in rows] == [2, 2]
     # an independent count of the table from the members' own summaries
     for r in rows:
@@ -49,21 +49,21 @@ def test_sweep_table_resume_extension_and_skip(tmp_path):
     assert "<div" in (straight / "results.html").read_text()
 
     grown = tmp_path / "grown"
-    run_sweep(_plan(grown, epochs=2, heads=[1]), progress=False)
-    run_sweep(_plan(grown, epochs=4, heads=[1]), progress=False)  # extends every member to 4 epochs
+    run_sweep(_plan(grown, epochs=2, heads=[1]), workers=1, progress=False)
+    run_sweep(_plan(grown, epochs=4, heads=[1]), workers=1, progress=False)  # extends every member to 4 epochs
     for m in _plan(grown, heads=[1])["members"]:
         a, b = Run.open(straight / m["out"]), Run.open(grown / m["out"])
-        assert a.metrics == b.metrics, m["out"]
+        assert a.metrics == b.metrics, m["out"]  # in-process (grown) == worker processes (straight), too
 
     before = {p: p.stat().st_mtime_ns for p in grown.rglob("*.safetensors")}
-    run_sweep(_plan(grown, epochs=4, heads=[1]), progress=False)  # all done: nothing retrained
+    run_sweep(_plan(grown, epochs=4, heads=[1]), workers=1, progress=False)  # all done: nothing retrained
     assert {p: p.stat().st_mtime_ns for p in grown.rglob("*.safetensors")} == before
 
 
 def test_a_different_sweep_in_the_same_folder_is_refused(tmp_path):
-    run_sweep(_plan(tmp_path / "s", ratios=[0.9], heads=[1], seeds=[0]), progress=False)
+    run_sweep(_plan(tmp_path / "s", ratios=[0.9], heads=[1], seeds=[0]), workers=1, progress=False)
     with pytest.raises(RunError, match="different sweep"):
-        run_sweep(_plan(tmp_path / "s", ratios=[0.5], heads=[1], seeds=[0]), progress=False)
+        run_sweep(_plan(tmp_path / "s", ratios=[0.5], heads=[1], seeds=[0]), workers=1, progress=False)
     with pytest.raises(ConfigError, match="twice"):
         _plan(tmp_path / "t", seeds=[0, 0])
 
@@ -74,18 +74,18 @@ def test_a_second_sweep_process_on_the_folder_is_refused_and_a_killed_ones_lefto
     plan = _plan(tmp_path / "s", epochs=1)
     with RunLock(tmp_path / "s"):  # another process's lock (flock: per open file, so this holds against us too)
         with pytest.raises(RunError, match="another lenslab process"):
-            run_sweep(plan, progress=False)
+            run_sweep(plan, workers=1, progress=False)
     assert not (tmp_path / "s" / "sweep.json").exists()
     # a sweep killed while writing its plan leaves only a temp file: the folder still counts as new
     (tmp_path / "s" / ".sweep.json.abc123.tmp").write_text('{"form')
-    run_sweep(plan, progress=False)
+    run_sweep(plan, workers=1, progress=False)
     assert sorted(p.name for p in (tmp_path / "s").iterdir() if p.name.startswith(".")) == []
 
 
 def test_ray_executor_gives_the_local_results(tmp_path):
     ray = pytest.importorskip("ray")
     plan_kw = dict(heads=[1], ratios=[0.5, 0.9], seeds=[0, 1], ensemble_size=2)
-    local = run_sweep(_plan(tmp_path / "local", **plan_kw), progress=False)
+    local = run_sweep(_plan(tmp_path / "local", **plan_kw), workers=1, progress=False)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         remote = run_sweep(_plan(tmp_path / "ray", **plan_kw), executor="ray", workers=2, progress=False)
