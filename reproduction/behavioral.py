@@ -19,7 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.run import Run  # noqa: E402
-from training.sweep import summarize_sweep  # noqa: E402
+from reproduction.figures import write_figure  # noqa: E402
+from training.sweep import summarize_sweep, sweep_figure  # noqa: E402
 
 
 def main(sweep_dir: str, out_dir: str) -> None:
@@ -28,7 +29,7 @@ def main(sweep_dir: str, out_dir: str) -> None:
     rows = summarize_sweep(root)
     (out / "table.json").write_text(json.dumps(rows, indent=2))
     (out / "table.csv").write_text((root / "results.csv").read_text())
-    (out / "rate_vs_r.html").write_text((root / "results.html").read_text())
+    write_figure(sweep_figure(rows), out / "rate_vs_r.html")
     plan = json.loads((root / "sweep.json").read_text())
     grads = {}
     curves = {}
@@ -69,7 +70,7 @@ def main(sweep_dir: str, out_dir: str) -> None:
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[2] for p in pts], name=name, legendgroup=name, showlegend=False), row=2, col=1)
     fig.update_layout(template="plotly_white", height=600, title="r = 0.9: gradient conflict vs adversarial accuracy")
     fig.update_xaxes(title_text="epoch", row=2, col=1)
-    (out / "gradients.html").write_text(fig.to_html(include_plotlyjs=True, full_html=True))
+    write_figure(fig, out / "gradients.html")
     print(json.dumps({"cells": rows, "gradients": table}, indent=2))
 
 
