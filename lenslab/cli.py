@@ -386,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="sweep folder: OUT/sweep.json, OUT/<cell>/seed_<s>/, OUT/results.*")
     p.add_argument("--executor", choices=["local", "ray"], default="local")
     p.add_argument("--workers", type=int, default=None, help="ensembles trained at once (local processes or Ray tasks; default: one per core on CPU, 1 on CUDA)")
-    p.add_argument("--ensemble-size", type=int, default=8, help="members per stacked ensemble")
+    p.add_argument("--ensemble-size", type=int, default=None, help="members per stacked ensemble (default: training.ensemble.SWEEP_ENSEMBLE)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.set_defaults(func=cmd_sweep)
 

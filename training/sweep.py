@@ -62,7 +62,7 @@ def plan_sweep(
     ratios: Iterable[float],
     seeds: Iterable[int],
     weight_decays: Iterable[float] = (0.1,),
-    ensemble_size: int = 8,
+    ensemble_size: int | None = None,
     **settings,
 ) -> dict:
     """The sweep's plan: every (cell, seed) with its full run config. ``settings`` go to ``mpsp_run_config``."""
@@ -72,6 +72,10 @@ def plan_sweep(
             raise ConfigError(f"the sweep has no {name}: give at least one")
         if len(set(values)) != len(values):
             raise ConfigError(f"the sweep lists a value of {name} twice: {values}")
+    if ensemble_size is None:
+        from training.ensemble import SWEEP_ENSEMBLE
+
+        ensemble_size = SWEEP_ENSEMBLE
     if not isinstance(ensemble_size, int) or ensemble_size < 1:
         raise ConfigError(f"ensemble_size={ensemble_size!r} must be an integer >= 1")
     members = []
