@@ -6,7 +6,9 @@ the run short). Matrices: W_E and per layer W_Q, W_K, W_V, W_O (heads concatenat
 the unembedding is excluded. WeightWatcher gets the same 2-D matrices as ``nn.Linear`` weights and,
 through a patched ``np.random.shuffle``, the same permutations as our ``weightwatcher`` mode, so
 counts can be compared one to one. Its time includes the rest of ``analyze`` (the unshuffled ESD
-and power-law fit), which it always runs. Also scans the same matrices written as 2 safetensors
+and power-law fit), which it always runs. lenslab's weightwatcher mode is timed in one thread
+pool of 1 (both torch threads) and of 2 workers with one torch thread each (what ``lenslab traps``
+does with its default ``--workers 2``); WeightWatcher gets the default torch/numpy threads. Also scans the same matrices written as 2 safetensors
 shards + index in a child process and reports that process's peak RSS.
 
     .venv/bin/python benchmarks/traps_speed.py --layers 1
@@ -114,6 +116,18 @@ def main() -> None:
     t = time.perf_counter()
     ours = {k: detect_traps(w, k, mode="weightwatcher", perms=per_mat[k]) for k, w in mats.items()}
     t_ours = time.perf_counter() - t
+    # the same mode over both cores, as `lenslab traps` runs it (threads, torch threads split between them)
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads // 2))
+    try:
+        t = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            ours2 = dict(zip(mats, pool.map(lambda k: detect_traps(mats[k], k, mode="weightwatcher", perms=per_mat[k]), list(mats))))
+        t_ours2 = time.perf_counter() - t
+    finally:
+        torch.set_num_threads(threads)
     t = time.perf_counter()
     robust = {k: detect_traps(w, k, mode="robust", seed=args.seed) for k, w in mats.items()}
     t_robust = time.perf_counter() - t
@@ -125,6 +139,8 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "lenslab_weightwatcher_mode_s": round(t_ours, 2),
         "lenslab_robust_mode_s": round(t_robust, 2),
+        "lenslab_weightwatcher_mode_2_workers_s": round(t_ours2, 2),
+        "two_workers_same_counts": [r.n_traps for r in ours2.values()] == [r.n_traps for r in ours.values()],
         "robust_traps": {k: r.n_traps for k, r in robust.items()},
     }
     if not args.skip_ww:
@@ -134,6 +150,7 @@ def main() -> None:
         result.update(
             weightwatcher_analyze_s=round(t_ww, 2),
             speedup_vs_weightwatcher=round(t_ww / t_ours, 1),
+            speedup_vs_weightwatcher_2_workers=round(t_ww / t_ours2, 1),
             counts_identical=ww_counts == ours_counts,
             per_matrix=[{"name": k, "ww": a, "lenslab": b, "ww_sigma": float(s), "lenslab_sigma": ours[k].sigma_normalized}
                         for k, a, b, s in zip(mats, ww_counts, ours_counts, df["rand_sigma_mp"])],
