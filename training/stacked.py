@@ -100,17 +100,17 @@ class StackedTransformer(nn.Module):
         shape = (w.shape[0],) + (1,) * (x.dim() - 2) + (w.shape[1],)
         return torch.addcmul(b.view(shape), F.layer_norm(x, x.shape[-1:], eps=self.eps), w.view(shape))
 
-    def _normed_linear(self, x: Tensor, prefix: str | None, W: Float[Tensor, "E D n"], b: Float[Tensor, "E n"]) -> Float[Tensor, "E rows n"]:
-        """``LN(x) @ W + b`` with the LayerNorm's w, b folded into the (small) weights, not applied
-        to the (large) activations: ``norm(x) @ (w[:, None] * W) + (b_ln @ W + b)``."""
-        E, D = W.shape[0], W.shape[1]
-        bias = b[:, None, :]
-        if prefix is not None and self.ln:
-            w_ln, b_ln = self.p(prefix + ".w"), self.p(prefix + ".b")
-            bias = torch.baddbmm(bias, b_ln[:, None, :], W)
-            W = W * w_ln[:, :, None]
-            x = F.layer_norm(x, (D,), eps=self.eps)
-        return torch.baddbmm(bias, x.reshape(E, -1, D), W)
+    def _ln(self, x: Tensor) -> Tensor:
+        """LayerNorm without its affine part (w, b are folded into the next matmul by ``_fold``)."""
+        return F.layer_norm(x, x.shape[-1:], eps=self.eps) if self.ln else x
+
+    def _fold(self, prefix: str, W: Float[Tensor, "E D n"], b: Float[Tensor, "E n"]) -> tuple[Tensor, Tensor]:
+        """Weights and bias [E, 1, n] such that ``_ln(x) @ W' + b' == LN(x) @ W + b``: the LayerNorm's
+        w, b folded into the (small) weights, not applied to the (large) activations."""
+        if not self.ln:
+            return W, b[:, None, :]
+        w_ln, b_ln = self.p(prefix + ".w"), self.p(prefix + ".b")
+        return W * w_ln[:, :, None], torch.baddbmm(b[:, None, :], b_ln[:, None, :], W)
 
     def _block(self, layer: int, x: Float[Tensor, "E B T D"], last_only: bool) -> Tensor:
         pre = f"blocks.{layer}."
@@ -122,18 +122,21 @@ class StackedTransformer(nn.Module):
             W, b = self.p(pre + f"attn.W_{c}").permute(0, 2, 1, 3).reshape(E, D, H * dh), self.p(pre + f"attn.b_{c}").reshape(E, H * dh)
             return (W / self.attn_scale, b / self.attn_scale) if c == "Q" else (W, b)
 
-        def proj(inp: Tensor, cs: str) -> Tensor:
+        def proj(inp: Tensor, cs: str) -> Tensor:  # inp: LN-normalised (no affine)
             Ws, bs = zip(*(weights(c) for c in cs))
-            return self._normed_linear(inp, ln1, torch.cat(Ws, dim=2), torch.cat(bs, dim=1))
+            W, bias = self._fold(ln1, torch.cat(Ws, dim=2), torch.cat(bs, dim=1))
+            return torch.baddbmm(bias, inp.reshape(E, -1, D), W)
 
+        h = self._ln(x)
         if last_only:  # one query: scores and mixing by broadcasting in the [E, B, T, H, dh] layout (no transposes)
-            k, v = proj(x, "KV").view(E, B, T, 2, H, dh).unbind(3)
-            q = proj(x[:, :, -1:], "Q").view(E, B, 1, H, dh)
+            k, v = proj(h, "KV").view(E, B, T, 2, H, dh).unbind(3)
+            # normalise the last position again rather than slice h: a slice's backward zero-fills all of h (measured slower)
+            q = proj(self._ln(x[:, :, -1:]), "Q").view(E, B, 1, H, dh)
             pattern = (q * k).sum(-1).softmax(2)  # [E, B, T, H]
             z = (pattern[..., None] * v).sum(2).reshape(E, B, H * dh)  # [E, B, H*dh]
             Tq = 1
         else:
-            q, k, v = proj(x, "QKV").view(E, B, T, 3, H, dh).unbind(3)
+            q, k, v = proj(h, "QKV").view(E, B, T, 3, H, dh).unbind(3)
             Tq = T
             q, k, v = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)  # [E, B, H, T, dh]
             scores = q @ k.transpose(-1, -2)  # [E, B, H, T, T]
@@ -144,7 +147,8 @@ class StackedTransformer(nn.Module):
         W_O = self.p(pre + "attn.W_O").reshape(E, H * dh, D)
         attn_out = torch.baddbmm(self.p(pre + "attn.b_O")[:, None, :], z.reshape(E, B * Tq, H * dh), W_O).view(E, B, Tq, D)
         resid = (x[:, :, -1:] if last_only else x) + attn_out
-        hidden = self._normed_linear(resid, pre + "ln2", self.p(pre + "mlp.W_in"), self.p(pre + "mlp.b_in")).relu()
+        W_in, b_in = self._fold(pre + "ln2", self.p(pre + "mlp.W_in"), self.p(pre + "mlp.b_in"))
+        hidden = torch.baddbmm(b_in, self._ln(resid).reshape(E, B * Tq, D), W_in).relu()
         mlp_out = torch.baddbmm(self.p(pre + "mlp.b_out")[:, None, :], hidden, self.p(pre + "mlp.W_out"))
         return resid + mlp_out.view(E, B, Tq, D)
 
