@@ -183,22 +183,22 @@ def run_sweep(plan: dict, executor: str = "local", workers: int | None = None, p
     """
     if executor not in EXECUTORS:
         raise ConfigError(f"executor={executor!r}: use one of {EXECUTORS}")
-    if workers is None:
-        from training.trainer import resolve_device
-
-        on_cuda = resolve_device(device).type == "cuda"
-        workers = 1 if on_cuda else max(1, min(_cpu_count(), len(pack(plan)) or 1))
-    if not isinstance(workers, int) or workers < 1:
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ConfigError(f"workers={workers!r} must be an integer >= 1")
+    from training.trainer import resolve_device
+
+    on_cuda = resolve_device(device).type == "cuda"  # a bad --device fails here, before anything is written
     root = Path(plan["root"])
     with RunLock(root):  # one sweep process per folder; also removes temp files a killed one left
-        return _run_sweep_locked(plan, root, executor, workers, progress, device, poll_s)
+        return _run_sweep_locked(plan, root, executor, workers, on_cuda, progress, device, poll_s)
 
 
-def _run_sweep_locked(plan, root, executor, workers, progress, device, poll_s) -> list[dict]:
+def _run_sweep_locked(plan, root, executor, workers, on_cuda, progress, device, poll_s) -> list[dict]:
     write_plan(plan)
     all_members = _members(plan)
     jobs = pack(plan)
+    if workers is None:
+        workers = 1 if on_cuda else max(1, min(_cpu_count(), len(jobs)))
     total = sum(m.config["train"]["epochs"] for m in all_members)
     bar = tqdm(total=total, initial=_epochs_done(root, all_members), desc=f"sweep ({len(all_members)} runs, {len(jobs)} jobs left)",
                unit="member-epoch", file=sys.stderr, disable=not progress, dynamic_ncols=True)
