@@ -96,12 +96,17 @@ def ensemble_stepper(cfg, splits, E, dev):
     return step, stack.flops_per_example()
 
 
+def paper_setup() -> tuple[dict, dict]:
+    """The 2L 2H paper model's run config (r = 0.9) and its splits."""
+    cfg = mpsp_run_config(ratio=0.9, layers=2, heads=2)
+    t = cfg["task"]
+    return cfg, make_mpsp_splits(MPSPTask(seq_len=t["seq_len"], n_values=t["n_values"]), 0.9, t["n_train"], t["n_val"], t["n_adv"], 0)
+
+
 def _worker(conn, E: int, threads: int, device: str) -> None:
     """A process holding its own E-member ensemble; runs one step per message (``lenslab sweep --workers P``)."""
     torch.set_num_threads(threads)
-    cfg = mpsp_run_config(ratio=0.9, layers=2, heads=2)
-    t = cfg["task"]
-    splits = make_mpsp_splits(MPSPTask(seq_len=t["seq_len"], n_values=t["n_values"]), 0.9, t["n_train"], t["n_val"], t["n_adv"], 0)
+    cfg, splits = paper_setup()
     dev = torch.device(device)
     step, _ = ensemble_stepper(cfg, splits, E, dev)
     step()  # warm-up
@@ -181,9 +186,8 @@ def main() -> None:
     dev = torch.device(a.device)
     if a.processes is None:
         a.processes = 1 if dev.type == "cuda" else 2
-    cfg = mpsp_run_config(ratio=0.9, layers=2, heads=2)
+    cfg, splits = paper_setup()
     t = cfg["task"]
-    splits = make_mpsp_splits(MPSPTask(seq_len=t["seq_len"], n_values=t["n_values"]), 0.9, t["n_train"], t["n_val"], t["n_adv"], 0)
     sizes = [int(x) for x in a.sizes.split(",")]
     out: dict = {
         "device": str(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
