@@ -476,6 +476,11 @@ def load_splits(
 
 
 # -- the writer lock -------------------------------------------------------------------
+def is_temp_file_name(name: str) -> bool:
+    """A ``.<name>.*.tmp`` file that ``atomic_write_*`` writes before its rename."""
+    return name.startswith(".") and name.endswith(TMP_SUFFIX)
+
+
 def remove_stale_temps(run_dir: str | Path) -> list[Path]:
     """Delete the ``.<name>.*.tmp`` files a killed writer left in ``run_dir`` and its ``checkpoints/``.
 
@@ -486,7 +491,7 @@ def remove_stale_temps(run_dir: str | Path) -> list[Path]:
         if not d.is_dir():
             continue
         for p in d.iterdir():
-            if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX) and p.is_file():
+            if is_temp_file_name(p.name) and p.is_file():
                 p.unlink(missing_ok=True)
                 removed.append(p)
     return removed

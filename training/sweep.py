@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from training.config import mpsp_run_config
 from training.errors import ConfigError, RunError
-from training.runio import TMP_SUFFIX, RunLock, atomic_write_bytes, atomic_write_json
+from training.runio import RunLock, atomic_write_bytes, atomic_write_json, is_temp_file_name
 
 SWEEP_FORMAT = "lenslab-sweep/1"
 EXECUTORS = ("local", "ray")
@@ -166,7 +166,7 @@ def write_plan(plan: dict) -> Path:
             raise RunError(f"{path} is not a lenslab sweep plan; choose another --out")
         if _without_epochs(old.get("members")) != _without_epochs(plan["members"]):
             raise RunError(f"{root} holds a different sweep (grid {old.get('grid')}); rerun it with the same flags, or choose another --out")
-    elif root.exists() and any(p.name != ".lock" and not (p.name.startswith(".") and p.name.endswith(TMP_SUFFIX)) for p in root.iterdir()):
+    elif root.exists() and any(p.name != ".lock" and not is_temp_file_name(p.name) for p in root.iterdir()):
         raise RunError(f"--out {root} is a non-empty directory without a sweep.json; choose an empty or new directory")
     root.mkdir(parents=True, exist_ok=True)
     # the folder is the root: not stored, so a moved or copied sweep folder is the same sweep, byte for byte
