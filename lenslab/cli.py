@@ -105,6 +105,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--out", default=None, help="run directory (default runs/<task>-<settings>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out up to --epochs in total")
+    p.add_argument("--init-from", default=None, metavar="RUN_OR_CKPT",
+                   help="start from this run's last checkpoint (or this checkpoint file) with a fresh AdamW, "
+                        "e.g. to continue at another --weight-decay; flags not given are the source run's")
     p.add_argument("--seeds", type=_seeds, default=None, help="train these seeds at once (0-7 or 0,3,5) into OUT/seed_<s>/ with the ensemble engine")
     p.add_argument("--ensemble-size", type=int, default=None, help="members per stacked ensemble with --seeds (default: training.ensemble.DEFAULT_ENSEMBLE)")
 
@@ -183,12 +186,35 @@ def _resume_config(out: Path, given: dict) -> dict:
     return cfg
 
 
+def _init_config(source: str, given: dict) -> dict:
+    """``--init-from``: the source run's settings, overridden by the flags given, starting from its weights."""
+    from training.config import with_init
+    from training.run import Run
+
+    if not Path(source).exists():
+        raise UserError(f"--init-from {source}: no such run directory or checkpoint file")
+    src = Run.open(source).config
+    name = src["task"]["name"]
+    if given.get("task", name) != name:
+        raise UserError(f"--task {given['task']} with --init-from a {name} run: the weights cannot carry over to another task")
+    skip = set(MPSP_FLAGS) if name == "modadd" else {"p", "train_frac"}
+    inherited = {"task": name, "epochs": src["train"]["epochs"]}
+    for flag, (block, key) in FLAG_PLACES.items():
+        if flag not in skip and key in src[block]:
+            inherited[flag] = src[block][key]
+    if inherited.get("batch_size", 0) is None:
+        inherited["batch_size"] = 0  # the flag's spelling of full batch
+    return with_init(_config_from_args({**inherited, **given}), source)
+
+
 def _default_out(cfg: dict) -> Path:
     t, m = cfg["task"], cfg["model"]
     if t["name"] == "modadd":
         name = f"modadd-p{t['p']}-wd{cfg['train']['weight_decay']:g}-s{cfg['train']['seed']}"
     else:
         name = f"mpsp-{t['label']}-{t['shortcut']}-r{t['ratio']:g}-{m['n_layers']}L{m['n_heads']}H-s{cfg['train']['seed']}"
+    if cfg.get("init"):
+        name += f"-from{cfg['init']['epoch']}"
     return Path("runs") / name
 
 
@@ -220,6 +246,8 @@ def cmd_train(a: argparse.Namespace) -> dict:
 
     given = _given(a)
     if a.seeds is not None:
+        if a.init_from:
+            raise UserError("--init-from trains one run from one checkpoint; drop --seeds (or give --seed)")
         return _train_seeds(a, given)
     if a.ensemble_size is not None:
         raise UserError("--ensemble-size goes with --seeds (e.g. --seeds 0-7 --ensemble-size 4)")
@@ -230,6 +258,11 @@ def cmd_train(a: argparse.Namespace) -> dict:
         if not (out / "config.json").is_file():
             raise UserError(f"--resume: {out} holds no run to resume (no config.json)")
         cfg = _resume_config(out, given)
+        if a.init_from and (cfg.get("init") or {}).get("from") != str(_init_checkpoint(a.init_from)):
+            raise UserError(f"--init-from {a.init_from} is not where {out} started from ({(cfg.get('init') or {}).get('from')}); drop --init-from to resume")
+    elif a.init_from:
+        cfg = _init_config(a.init_from, given)
+        out = Path(a.out) if a.out else _default_out(cfg)
     else:
         cfg = _config_from_args(given)
         out = Path(a.out) if a.out else _default_out(cfg)
@@ -238,6 +271,12 @@ def cmd_train(a: argparse.Namespace) -> dict:
     if not a.json:
         print(_describe(summary, out))
     return summary
+
+
+def _init_checkpoint(source: str) -> Path:
+    from training.run import Run
+
+    return Run.open(source).checkpoint_file().resolve()
 
 
 def _train_seeds(a: argparse.Namespace, given: dict) -> dict:
@@ -408,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from training.runio import refuse_pickle_inputs
 
-        refuse_pickle_inputs(*(getattr(a, k, None) for k in ("run_dir", "path", "out")))  # never unpickle an input
+        refuse_pickle_inputs(*(getattr(a, k, None) for k in ("run_dir", "path", "out", "init_from")))  # never unpickle an input
         result = a.func(a)
     except (LenslabError, UserError) as e:
         print("lenslab: error: " + " ".join(str(e).splitlines()), file=sys.stderr)  # one line, always

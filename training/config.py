@@ -2,7 +2,8 @@
 
 ``{"format", "lenslab_version", "task": {...}, "model": {HookedTransformerConfig kwargs},
 "train": {...}}``. ``HookedTransformer(HookedTransformerConfig(**config["model"]))`` rebuilds
-the model; ``task`` and ``train`` rebuild the data and the optimisation.
+the model; ``task`` and ``train`` rebuild the data and the optimisation. A run that starts from
+another run's weights (``with_init``) also has ``"init": {"from", "epoch", "sha256"}``.
 
 Default training settings (paper 1 leaves lr, batch and betas open):
 MPSP: AdamW lr 1e-3, weight decay 0.1, betas (0.9, 0.999), batch 512, eval every 5 epochs.
@@ -13,13 +14,14 @@ betas (0.9, 0.98), full batch, eval every 50 epochs.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from tasks import ModAddTask, MPSPTask
 from tasks.splits import check_ratio
 from training.errors import ConfigError
 from training.presets import modadd_model_config, mpsp_model_config
-from training.runio import RUN_FORMAT, check_model_kwargs
+from training.runio import CKPT_RE, RUN_FORMAT, check_model_kwargs, file_sha256
 
 VERSION = "0.1.0"
 
@@ -120,4 +122,30 @@ def check_train(cfg: dict) -> None:
 def comparable(cfg: dict) -> dict:
     """The parts of a config that must match for ``--resume`` (everything but the epoch budget)."""
     train = {k: v for k, v in cfg["train"].items() if k != "epochs"}
-    return {"task": cfg["task"], "model": cfg["model"], "train": train}
+    return {"task": cfg["task"], "model": cfg["model"], "train": train, "init": cfg.get("init")}
+
+
+def with_init(config: dict, source: str | Path) -> dict:
+    """``config``, set to start from the weights of another run's checkpoint instead of a fresh init.
+
+        cfg = with_init(modadd_run_config(p=31, weight_decay=0.0, epochs=4000), "runs/grok")
+
+    ``source`` is a run directory (its last checkpoint) or one checkpoint file in it. The
+    architectures must be the same; the task and the training settings may differ (the optimizer
+    starts fresh: AdamW moments are not carried over). The checkpoint's path, epoch and sha256 go
+    into ``config["init"]``, so the run records where it came from, and a restart from scratch
+    refuses a source that has changed since.
+    """
+    from training.run import Run  # run.py does not import this module; the import is local to keep it light
+
+    run = Run.open(source)
+    if run.config["model"] != config["model"]:
+        keys = sorted(k for k in set(run.config["model"]) | set(config["model"]) if run.config["model"].get(k) != config["model"].get(k))
+        diffs = ", ".join(f"{k} ({config['model'].get(k)!r} here, {run.config['model'].get(k)!r} there)" for k in keys[:4])
+        raise ConfigError(f"init from {source}: its model differs from this run's in {diffs}; a run can start only from weights of the same architecture")
+    path = run.checkpoint_file()
+    m = CKPT_RE.match(path.name)
+    if m is None:
+        raise ConfigError(f"init from {path}: not a model checkpoint (<epoch>.safetensors) of a run")
+    init = {"from": str(path.resolve()), "epoch": int(m.group(1)), "sha256": file_sha256(path)}
+    return {**config, "init": init}

@@ -80,6 +80,8 @@ def check_ensemble(configs: list[dict]) -> None:
         raise ConfigError("an ensemble needs at least one member config")
     for c in configs:
         check_train(c)
+        if c.get("init") is not None:
+            raise ConfigError("the ensemble engine starts every member from its seed's init; train a run with an 'init' (with_init, --init-from) on its own")
     first = configs[0]
     check_supported(first["model"])
     for i, c in enumerate(configs[1:], 1):

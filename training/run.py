@@ -117,7 +117,8 @@ class Run:
         the analysis tools build their inputs on the CPU; pass ``device="cuda"`` to move it."""
         return build_model(self.config["model"], seed=0, device=device)
 
-    def _path_for(self, epoch: int | None) -> Path:
+    def checkpoint_file(self, epoch: int | None = None) -> Path:
+        """The checkpoint file of ``epoch`` (default: the focused or the last checkpoint)."""
         ckpts = self.checkpoints()
         if epoch is None:
             if self.focus is not None:
@@ -133,7 +134,7 @@ class Run:
     def model(self, epoch: int | None = None, device: str = "cpu") -> HookedTransformer:
         """The model at ``epoch`` (default: the focused or the last checkpoint), in eval mode."""
         model = self.new_model(device)
-        load_checkpoint_into(model, self._path_for(epoch), self.config["model"])
+        load_checkpoint_into(model, self.checkpoint_file(epoch), self.config["model"])
         return model.eval()
 
     def focus_epoch(self) -> int | None:

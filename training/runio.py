@@ -2,7 +2,7 @@
 
 Layout (the contract every tool reads; see ``../shared/DESIGN.md``)::
 
-    RUN/config.json          {"format", "lenslab_version", "task", "model", "train"}
+    RUN/config.json          {"format", "lenslab_version", "task", "model", "train"[, "init"]}
     RUN/splits.safetensors   <split>_tokens / _labels / _shortcut (int64)
     RUN/checkpoints/<epoch>.safetensors   model state_dict (plain HookedTransformer keys)
     RUN/checkpoints/resume.safetensors    model + AdamW state of the last evaluation
@@ -264,6 +264,8 @@ MODEL_CHOICES = {  # optional fields: (HookedTransformerConfig's default, the va
 }
 MODEL_KEYS = set(MODEL_LIMITS) | set(MODEL_CHOICES)
 CONFIG_KEYS = {"format", "lenslab_version", "task", "model", "train"}
+OPTIONAL_CONFIG_KEYS = {"init"}  # present only in runs that start from another run's weights
+INIT_KEYS = {"from", "epoch", "sha256"}
 
 
 def model_bytes(model: dict) -> int:
@@ -320,9 +322,11 @@ def check_config(cfg: Any, where: str = "config.json") -> dict:
         raise RunError(f"{where}: expected a JSON object")
     if cfg.get("format") != RUN_FORMAT:
         raise RunError(f"{where}: format {cfg.get('format')!r} is not {RUN_FORMAT!r}; not a lenslab run")
-    unknown = sorted(set(cfg) - CONFIG_KEYS)
+    unknown = sorted(set(cfg) - CONFIG_KEYS - OPTIONAL_CONFIG_KEYS)
     if unknown:
-        raise RunError(f"{where}: unknown top-level field(s) {unknown}; a run config has {sorted(CONFIG_KEYS)}")
+        raise RunError(f"{where}: unknown top-level field(s) {unknown}; a run config has {sorted(CONFIG_KEYS)} (and optionally {sorted(OPTIONAL_CONFIG_KEYS)})")
+    if "init" in cfg:
+        check_init_block(cfg["init"], where)
     for key in ("task", "model", "train"):
         if not isinstance(cfg.get(key), dict):
             raise RunError(f"{where}: missing or malformed {key!r} block")
@@ -353,6 +357,26 @@ def check_config(cfg: Any, where: str = "config.json") -> dict:
     except LenslabError as e:
         raise RunError(f"{where}: {e}") from None
     return cfg
+
+
+def check_init_block(init: Any, where: str = "config.json") -> dict:
+    """``{"from": checkpoint path, "epoch": int, "sha256": hex}``: the weights a run starts from."""
+    ok = (
+        isinstance(init, dict) and set(init) == INIT_KEYS and isinstance(init["from"], str) and init["from"]
+        and isinstance(init["epoch"], int) and not isinstance(init["epoch"], bool) and init["epoch"] >= 0
+        and isinstance(init["sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", init["sha256"]) is not None
+    )
+    if not ok:
+        raise RunError(f"{where}: malformed 'init' block {init!r}; expected {{'from': checkpoint path, 'epoch': int, 'sha256': 64 hex digits}}")
+    return init
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def read_config(run_dir: str | Path) -> dict:

@@ -42,7 +42,9 @@ from training.runio import (
     atomic_save_safetensors,
     atomic_write_json,
     check_state_dict,
+    file_sha256,
     list_checkpoints,
+    load_checkpoint_into,
     load_splits,
     read_config,
     read_jsonl,
@@ -200,6 +202,19 @@ def _sigint_flag():
         signal.signal(signal.SIGINT, previous)
 
 
+def check_init_source(config: dict) -> Path | None:
+    """The checkpoint ``config["init"]`` names, checked unchanged since the config was made (None: no init)."""
+    init = config.get("init")
+    if init is None:
+        return None
+    path = Path(init["from"])
+    if not path.is_file():
+        raise RunError(f"init: the checkpoint this run starts from, {path}, is gone; restore it or start a new run")
+    if file_sha256(path) != init["sha256"]:
+        raise RunError(f"init: {path} has changed since this run was configured (sha256 differs); start a new run from it")
+    return path
+
+
 def _summarize(config: dict, rows: list[dict], epochs_done: int, status: str) -> dict:
     summary: dict = {"status": status, "epochs_completed": epochs_done, "epochs_target": config["train"]["epochs"]}
     if config["task"]["name"] == "mpsp":
@@ -251,6 +266,8 @@ def train(
     """Train one model as ``config`` says, into the run directory ``out``; returns the summary.
 
     ``resume=True`` continues an existing run up to ``config["train"]["epochs"]`` (the total).
+    A config made by ``training.config.with_init`` starts from another run's weights (epoch 0
+    evaluates them unchanged) with a fresh AdamW.
     Ctrl-C saves the resume state at the end of the current epoch and raises ``Interrupted``.
     """
     check_train(config)
@@ -258,6 +275,8 @@ def train(
     t = config["train"]
     dev = resolve_device(device)
     resuming = _prepare_dir(out, config, resume)
+    has_resume_state = resuming and (out / "checkpoints" / "resume.safetensors").is_file()
+    init_path = None if has_resume_state else check_init_source(config)  # a resume never re-reads the source
     splits = None if resuming else make_splits(config)  # bad sizes fail before anything is written
     out.mkdir(parents=True, exist_ok=True)
     with RunLock(out):
@@ -278,6 +297,8 @@ def train(
             rows = []
             for _, p in list_checkpoints(out):
                 p.unlink()
+            if init_path is not None:  # another run's weights instead of the seed's init; AdamW starts fresh
+                load_checkpoint_into(model, init_path, config["model"])
         rows = [r for r in rows if r["epoch"] <= start]
         rewrite_jsonl(out / "metrics.jsonl", rows)
         return _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval)
