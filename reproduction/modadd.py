@@ -9,8 +9,9 @@ Scaled down for a CPU (the paper: p = 113, 30 % of the pairs, then far longer tr
    ``runs/repro/modadd/grok`` (resumable);
 2. trap counts per matrix over every checkpoint of that run (robust mode, seed 0);
 3. from the final (grokked) weights, ``--continue-epochs`` more full-batch epochs with a fresh
-   AdamW at weight decay 0 and, separately, 0.01 (same lr and betas), recording train/test
-   accuracy and trap counts every ``--record-every`` epochs;
+   AdamW at weight decay 0 and, separately, 0.01 (same lr and betas): ``lenslab train
+   --init-from`` into ``runs/repro/modadd/grok_p<p>_then_wd<wd>`` (resumable), with a checkpoint
+   every ``--record-every`` epochs, and trap counts per checkpoint;
 4. the trap-replacement JSD ablation (null-calibrated, with the test-accuracy change) on the
    weight-decay-0 model at the end.
 
@@ -26,47 +27,35 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from interp.common import readout_logits  # noqa: E402
-from interp.spectral import detect_traps, extract_matrices, trap_counts_over_run, trap_jsd  # noqa: E402
+from interp.spectral import trap_counts_over_run, trap_jsd  # noqa: E402
 from reproduction.figures import write_figure  # noqa: E402
-from training.config import modadd_run_config  # noqa: E402
+from training.config import modadd_run_config, with_init  # noqa: E402
 from training.run import Run  # noqa: E402
 from training.trainer import train  # noqa: E402
 
 
-def accuracy(model, tokens, labels) -> float:
-    return float((readout_logits(model, tokens).argmax(-1) == labels).double().mean())
+def continuation(grok_dir: Path, a: argparse.Namespace, weight_decay: float) -> tuple[list[dict], Run]:
+    """``lenslab train --init-from grok_dir --weight-decay wd``: every record checkpointed, traps per checkpoint."""
+    records = a.continue_epochs // a.record_every
+    cfg = modadd_run_config(p=a.p, train_frac=a.train_frac, lr=a.lr, weight_decay=weight_decay, epochs=a.continue_epochs,
+                            eval_every=a.record_every, ckpt_density=records + 1, seed=0)
+    out = Path(a.runs) / f"{grok_dir.name}_then_wd{weight_decay:g}"
 
+    def log(row: dict) -> None:
+        print(f"  wd {weight_decay}: epoch {a.grok_epochs + row['epoch']}: train {row['train_acc']:.3f} test {row['test_acc']:.3f}",
+              file=sys.stderr, flush=True)
 
-def continuation(run: Run, weight_decay: float, lr: float, epochs: int, record_every: int, start: int) -> tuple[list[dict], object]:
-    model = run.model()
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=weight_decay)
-    x, y = run.splits["train_tokens"], run.splits["train_labels"]
-    xt, yt = run.splits["test_tokens"], run.splits["test_labels"]
-    rows = []
-    for step in range(epochs + 1):
-        if step % record_every == 0:
-            model.eval()
-            row = {"weight_decay": weight_decay, "epoch": start + step, "train_acc": accuracy(model, x, y), "test_acc": accuracy(model, xt, yt)}
-            for name, w in extract_matrices(model).matrices.items():
-                row[f"traps:{name}"] = detect_traps(w, name, details=False).n_traps
-            rows.append(row)
-            model.train()
-            print(f"  wd {weight_decay}: epoch {row['epoch']}: train {row['train_acc']:.3f} test {row['test_acc']:.3f} "
-                  f"traps {sum(v for k, v in row.items() if k.startswith('traps:'))}", file=sys.stderr, flush=True)
-        if step == epochs:
-            break
-        loss = F.cross_entropy(model(x)[:, -1], y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return rows, model.eval()
+    train(with_init(cfg, grok_dir), out, resume=(out / "config.json").is_file(), progress=False, on_eval=log)
+    run = Run.open(out)
+    rows: dict[int, dict] = {}
+    for r in trap_counts_over_run(out).to_records():  # robust mode, seed 0, one shuffle, as for the grokking run
+        e = a.grok_epochs + r["epoch"]
+        row = rows.setdefault(e, {"weight_decay": weight_decay, "epoch": e, "train_acc": r["train_acc"], "test_acc": r["test_acc"]})
+        row[f"traps:{r['matrix']}"] = r["n_traps"]
+    assert len(rows) == records + 1, f"{out}: expected a checkpoint at every record, found {sorted(rows)}"
+    return [rows[e] for e in sorted(rows)], run
 
 
 def _csv(path: Path, rows: list[dict]) -> None:
@@ -100,13 +89,13 @@ def main() -> None:
     _csv(out / "grok_traps.csv", grok_rows)
     t_grok = time.time() - t0
     cont = []
-    models = {}
+    runs = {}
     for wd in (0.0, 0.01):
-        rows, models[wd] = continuation(run, wd, a.lr, a.continue_epochs, a.record_every, a.grok_epochs)
+        rows, runs[wd] = continuation(run_dir, a, wd)
         cont += rows
     _csv(out / "continuation.csv", cont)
     split = (run.splits["test_tokens"], run.splits["test_labels"])
-    jsd = [r.to_record() for r in trap_jsd(models[0.0], split=split, n_null=20)]
+    jsd = [r.to_record() for r in trap_jsd(runs[0.0].model(), split=split, n_null=20)]
     _csv(out / "jsd.csv", jsd) if jsd else (out / "jsd.csv").write_text("no traps in the weight-decay-0 model\n")
     m = run.metrics
     summary = {

@@ -65,7 +65,6 @@ from pathlib import Path
 import pandas as pd
 import plotly.io as pio
 import torch
-import torch.nn.functional as F
 from IPython.display import display
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto without ipywidgets; we pass progress=False anyway
@@ -73,7 +72,7 @@ warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto wi
 from interp import visual
 from interp.common import readout_logits
 from interp.spectral import detect_traps, esd_figure, extract_matrices, trap_count_figure, trap_counts_over_run, trap_jsd
-from training.config import modadd_run_config
+from training.config import modadd_run_config, with_init
 from training.run import Run
 from training.trainer import train
 
@@ -146,15 +145,15 @@ fig.show()
 # %% [markdown]
 # ## 3. Keep training with weight decay 0 (and, for comparison, 0.01)
 #
-# Anti-grokking is reported after long training *without* weight decay. lenslab's `train` can
-# only resume a run with its own settings (a run directory records one configuration), so the
-# continuation here is a plain AdamW loop on the `HookedTransformer` that `Run.model()` returns.
-# It uses the same lr, betas and full batch as the run, starts from the grokked weights with a
-# fresh optimizer, and changes only the weight decay. A fresh AdamW has no moment estimates yet,
-# so its first steps are large: a dip right after the switch can come from that rather than
-# from overfitting. Every `record_every` epochs it logs
-# train/test accuracy and the trap count of each matrix (`detect_traps` on
-# `extract_matrices(model)`, the same analysis as above).
+# Anti-grokking is reported after long training *without* weight decay. `with_init(config, run)`
+# (on the command line: `lenslab train --init-from RUN`) makes a new run that starts from the
+# run's last checkpoint instead of a fresh init, with a fresh optimizer. Here it keeps the lr,
+# betas and full batch of the grokking run and changes only the weight decay. A fresh AdamW has
+# no moment estimates yet, so its first steps are large: a dip right after the switch can come
+# from that rather than from overfitting. Every `record_every` epochs the run evaluates and keeps a
+# checkpoint, and `trap_counts_over_run` counts the traps of each matrix in each checkpoint (the
+# same analysis as above). The new run's epoch 0 is the grokked model; we shift its epochs by
+# the grokking run's length to draw one history.
 
 # %%
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the continuation's device; the analysis runs on the CPU
@@ -164,30 +163,23 @@ def accuracy(model, tokens, labels):
     return float((readout_logits(model, tokens.to(model.cfg.device)).argmax(-1).cpu() == labels).double().mean())
 
 
+def weight_norm(model):
+    return float(sum((w.double() ** 2).sum() for w in extract_matrices(model).matrices.values()).sqrt())
+
+
 def continue_training(weight_decay):
-    model = grok.model(device=DEVICE)  # the grokked final checkpoint, a fresh copy each call
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=S["lr"], betas=(0.9, 0.98), weight_decay=weight_decay)
-    x, y = grok.splits["train_tokens"].to(DEVICE), grok.splits["train_labels"].to(DEVICE)
-    xt, yt = grok.splits["test_tokens"], grok.splits["test_labels"]
-    metrics, traps = [], []
-    for step in range(S["continue_epochs"] + 1):
-        if step % S["record_every"] == 0:
-            epoch = S["grok_epochs"] + step
-            row = {"epoch": epoch, "train_acc": accuracy(model, x, y.cpu()), "test_acc": accuracy(model, xt, yt),
-                   "weight_norm": float(sum((w.double() ** 2).sum() for w in extract_matrices(model).matrices.values()).sqrt())}
-            metrics.append(row)
-            for name, w in extract_matrices(model).matrices.items():
-                t = detect_traps(w, name, details=False)
-                traps.append({"epoch": epoch, "matrix": name, "n_traps": t.n_traps, "error": t.error,
-                              "train_acc": row["train_acc"], "test_acc": row["test_acc"]})
-        if step == S["continue_epochs"]:
-            break
-        loss = F.cross_entropy(model(x)[:, -1], y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return model.to("cpu", print_details=False).eval(), metrics, traps
+    n_records = S["continue_epochs"] // S["record_every"]
+    cfg = modadd_run_config(p=S["p"], train_frac=S["train_frac"], lr=S["lr"], weight_decay=weight_decay, epochs=S["continue_epochs"],
+                            eval_every=S["record_every"], ckpt_density=n_records + 1, seed=0)  # a checkpoint at every record
+    out = RUNS / f"continue_wd{weight_decay:g}"
+    train(with_init(cfg, grok.path), out, resume=(out / "config.json").is_file(), progress=False, device=DEVICE)
+    run = Run.open(out)
+    shift = S["grok_epochs"]
+    norms = {e: weight_norm(model) for e, model in run.iter_models()}
+    metrics = [{"epoch": shift + r["epoch"], "train_acc": r["train_acc"], "test_acc": r["test_acc"], "weight_norm": norms[r["epoch"]]}
+               for r in run.metrics]
+    traps = [{**r, "epoch": shift + r["epoch"]} for r in trap_counts_over_run(out).to_records()]
+    return run.model(), metrics, traps
 
 
 t0 = time.time()
@@ -199,7 +191,7 @@ for wd in WEIGHT_DECAYS:
 n_records = S["continue_epochs"] // S["record_every"] + 1
 for wd, (model_wd, metrics_wd, traps_wd) in cont.items():
     assert len(metrics_wd) == n_records and len(traps_wd) == n_records * len(MATRICES)
-    assert metrics_wd[0]["test_acc"] == accuracy(grok.model(device="cpu"), grok.splits["test_tokens"], grok.splits["test_labels"])
+    assert math.isclose(metrics_wd[0]["test_acc"], accuracy(grok.model(), grok.splits["test_tokens"], grok.splits["test_labels"]), abs_tol=1e-6)
     assert math.isclose(metrics_wd[0]["test_acc"], m[-1]["test_acc"], abs_tol=1e-6)  # picks up where the run ended
     assert all(isinstance(t["n_traps"], int) and t["n_traps"] >= 0 and t["error"] is None for t in traps_wd)
 
