@@ -144,11 +144,9 @@ def circuit_evolution(run, max_checkpoints: int | None = 40, max_pairs: int = 64
     all_epochs = run.epochs()
     if not all_epochs:
         raise InterpError(f"{run.path}: the run has no checkpoints; train it first")
-    chosen = set(select_checkpoints(all_epochs, max_checkpoints))
+    chosen = select_checkpoints(all_epochs, max_checkpoints)
     rows, head_rows = Table(), Table()
-    for epoch, model in run.iter_models():
-        if epoch not in chosen:
-            continue
+    for epoch, model in run.iter_models(epochs=chosen):  # the others are not even read
         m = metrics_at(metrics, epoch) or {}
         row = {"epoch": epoch, "metrics_epoch": m.get("epoch")}
         row.update({key: m.get(key) for key in METRIC_KEYS})

@@ -2,7 +2,7 @@
 
     run = Run.open("runs/demo")          # or Run.open("runs/demo/checkpoints/40.safetensors")
     model = run.model()                  # last checkpoint (or the one the path named)
-    for epoch, model in run.iter_models():   # every checkpoint, one model object reused
+    for epoch, model in run.iter_models():   # every checkpoint (or epochs=[...]), one model object reused
         ...
     run.splits["adv_tokens"], run.metrics, run.summary
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Collection, Iterator
 
 import torch
 from transformer_lens import HookedTransformer
@@ -143,10 +143,17 @@ class Run:
         m = CKPT_RE.match(self.focus.name)
         return int(m.group(1)) if m else None
 
-    def iter_models(self, device: str = "cpu") -> Iterator[tuple[int, HookedTransformer]]:
-        """``(epoch, model)`` over every checkpoint in order; one model object, reloaded in place."""
+    def iter_models(self, device: str = "cpu", epochs: Collection[int] | None = None) -> Iterator[tuple[int, HookedTransformer]]:
+        """``(epoch, model)`` over every checkpoint (or those of ``epochs``) in order; one model object, reloaded in place."""
+        ckpts = self.checkpoints()
+        if epochs is not None:
+            wanted = set(epochs)
+            missing = sorted(wanted - {e for e, _ in ckpts})
+            if missing:
+                raise RunError(f"{self.path}: no checkpoint for epoch(s) {missing[:5]}; available: {[e for e, _ in ckpts]}")
+            ckpts = [(e, p) for e, p in ckpts if e in wanted]
         model = self.new_model(device).eval()
-        for epoch, path in self.checkpoints():
+        for epoch, path in ckpts:
             load_checkpoint_into(model, path, self.config["model"])
             yield epoch, model
 

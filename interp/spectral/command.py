@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection
 from pathlib import Path
@@ -14,8 +15,27 @@ JSD_PROBES = 256  # random-token probes per J_k
 JSD_NULL = 20  # random rank-1 replacements for the null distribution
 
 
+def _is_run_dir(path: Path) -> bool:
+    """A folder with a ``config.json`` that is (or claims to be, or is too broken to tell) a lenslab run.
+
+    A Hugging Face model folder also has a ``config.json`` (a JSON object without lenslab's
+    ``format``) next to its ``*.safetensors``: that one is scanned as shards, not refused as a bad run.
+    """
+    config = path / "config.json"
+    if not (path.is_dir() and config.is_file()):
+        return False
+    has_shards = any(path.glob("*.safetensors")) and not (path / "splits.safetensors").is_file()
+    if not has_shards:
+        return True
+    try:
+        data = json.loads(config.read_bytes()[: 1 << 20])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return True  # let the run reader say what is wrong with it
+    return not isinstance(data, dict) or str(data.get("format", "")).startswith("lenslab")
+
+
 def _is_checkpoint(path: Path) -> bool:
-    return path.is_file() and path.parent.name == "checkpoints" and (path.parent.parent / "config.json").is_file()
+    return path.is_file() and path.parent.name == "checkpoints" and _is_run_dir(path.parent.parent)
 
 
 def resolve(path: str | Path) -> tuple[str, list[tuple[int | None, Path]], Path | None]:
@@ -26,7 +46,7 @@ def resolve(path: str | Path) -> tuple[str, list[tuple[int | None, Path]], Path 
     path = Path(path)
     if not path.exists():
         raise SpectralError(f"{path}: no such file or directory")
-    if (path.is_dir() and (path / "config.json").is_file()) or _is_checkpoint(path):
+    if _is_run_dir(path) or _is_checkpoint(path):
         try:
             run = Run.open(path)
         except RunError as e:

@@ -22,8 +22,9 @@ from tqdm import tqdm
 from interp.spectral.adapter import MatrixRef, Skipped, plan_matrices, to_2d
 from interp.spectral.errors import SpectralError
 from interp.spectral.traps import TrapRow, detect_traps
+from training.errors import RunError
+from training.runio import refuse_pickle
 
-PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"}
 EXECUTORS = ("local", "ray")
 
 
@@ -55,8 +56,10 @@ def plan_files(files: list[Path], per_head: bool = False, include_pos: bool = Fa
     """``(file, ref)`` tasks for the matrices in ``files`` (read headers only), and what was skipped."""
     shapes, where, skipped = {}, {}, []
     for f in files:
-        if f.suffix.lower() in PICKLE_SUFFIXES:
-            raise SpectralError(f"{f}: a pickle file; lenslab never unpickles. Convert it to safetensors first")
+        try:
+            refuse_pickle(f)  # by name or by content, with the command that converts it
+        except RunError as e:
+            raise SpectralError(str(e)) from None
         try:
             with safe_open(str(f), framework="pt") as h:
                 for k in h.keys():  # noqa: SIM118 (safe_open is not a dict)

@@ -158,3 +158,14 @@ def test_ensemble_refuses_an_init_config(source, tmp_path):
     cfg = with_init(modadd_run_config(epochs=2, **SRC), source)
     with pytest.raises(ConfigError, match="on its own"):
         train_ensemble([cfg], [tmp_path / "e"], progress=False)
+
+
+def test_iter_models_epochs_filter(source):
+    run = Run.open(source)
+    got = [(e, {k: v.clone() for k, v in m.state_dict().items()}) for e, m in run.iter_models(epochs=[5, 20])]
+    assert [e for e, _ in got] == [5, 20]
+    for e, state in got:
+        want = load_file(source / "checkpoints" / f"{e}.safetensors")
+        assert all(torch.equal(state[k], want[k]) for k in want)
+    with pytest.raises(RunError, match=r"no checkpoint for epoch\(s\) \[7\]"):
+        list(run.iter_models(epochs=[5, 7]))

@@ -108,3 +108,26 @@ def test_run_rows_and_figures(run_dir):
     w = planted(512, 128, [40.0, 30.0], seed=1)
     fig2 = esd_figure(w, "w")
     assert isinstance(fig2, go.Figure) and len(fig2.data) == 2 and "2 traps" in json.dumps(fig2.to_plotly_json()["layout"])
+
+
+def test_hf_folder_with_config_json_is_scanned_as_shards(shard_folder):
+    """A Hugging Face folder has a config.json too; it is not a lenslab run and must not be refused as one."""
+    folder, _ = shard_folder
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    res = traps_command(folder, progress=False)
+    assert res["kind"] == "shards"
+    assert {r["name"]: r["n_traps"] for r in res["checkpoints"][0]["matrices"]}["lm_head.weight"] == len(SPIKES["lm_head.weight"])
+
+
+def test_a_lenslab_config_that_is_broken_is_still_read_as_a_run(shard_folder):
+    folder, _ = shard_folder
+    (folder / "config.json").write_text(json.dumps({"format": "lenslab-run/1"}))
+    with pytest.raises(SpectralError, match="config.json"):
+        traps_command(folder, progress=False)
+
+
+def test_a_pickle_named_safetensors_in_a_shard_folder_is_refused(shard_folder):
+    folder, _ = shard_folder
+    (folder / "model-00002-of-00002.safetensors").write_bytes(b"\x80\x04K\x01.")  # pickle protocol 4, under a shard's name
+    with pytest.raises(SpectralError, match="pickle.*never unpickles"):
+        traps_command(folder, progress=False)
