@@ -42,7 +42,7 @@ from training.runio import (
     atomic_save_safetensors,
     atomic_write_json,
     list_checkpoints,
-    load_splits,
+    load_run_splits,
     read_jsonl,
     rewrite_jsonl,
     save_checkpoint,
@@ -175,7 +175,7 @@ def train_ensemble(
         for m in members:
             mk = m.config["model"]
             if m.resuming:
-                m.splits = load_splits(m.out, n_ctx=mk["n_ctx"], d_vocab=mk["d_vocab"])
+                m.splits = load_run_splits(m.out, mk)
             else:
                 save_splits(m.out, m.splits)
             model = build_model(mk, seed=m.config["train"]["seed"], device=str(dev))

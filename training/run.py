@@ -24,7 +24,7 @@ from training.runio import (
     CKPT_RE,
     list_checkpoints,
     load_checkpoint_into,
-    load_splits,
+    load_run_splits,
     read_config,
     read_jsonl,
     refuse_pickle,
@@ -85,7 +85,7 @@ class Run:
     def splits(self) -> dict[str, torch.Tensor]:
         if self._splits is None:
             m = self.config["model"]
-            self._splits = load_splits(self.path, n_ctx=m["n_ctx"], d_vocab=m["d_vocab"])
+            self._splits = load_run_splits(self.path, m)
         return self._splits
 
     def split_names(self) -> list[str]:

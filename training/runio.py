@@ -499,6 +499,12 @@ def load_splits(
     return tensors
 
 
+def load_run_splits(run_dir: str | Path, model_kwargs: dict) -> dict[str, torch.Tensor]:
+    """``load_splits`` checked against the run's model: positions, token ids and label classes."""
+    m = model_kwargs
+    return load_splits(run_dir, n_ctx=m["n_ctx"], d_vocab=m["d_vocab"], n_classes=m["d_vocab_out"])
+
+
 # -- the writer lock -------------------------------------------------------------------
 def is_temp_file_name(name: str) -> bool:
     """A ``.<name>.*.tmp`` file that ``atomic_write_*`` writes before its rename."""

@@ -45,7 +45,7 @@ from training.runio import (
     file_sha256,
     list_checkpoints,
     load_checkpoint_into,
-    load_splits,
+    load_run_splits,
     read_config,
     read_jsonl,
     read_safetensors,
@@ -282,7 +282,7 @@ def train(
     with RunLock(out):
         if resuming:
             m = config["model"]
-            splits = load_splits(out, n_ctx=m["n_ctx"], d_vocab=m["d_vocab"])
+            splits = load_run_splits(out, m)
         else:
             save_splits(out, splits)
         model = build_model(config["model"], seed=t["seed"], device=str(dev))

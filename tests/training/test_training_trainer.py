@@ -207,3 +207,22 @@ def test_readout_uses_last_position(tmp_path):
 
     assert torch.equal(readout_logits(model, tokens), full[:, -1])
     assert F.softmax(full[:, -1], -1).shape == (1, 2)
+
+
+def test_labels_outside_the_models_classes_are_a_clear_error(tmp_path):
+    """A splits file whose labels do not fit d_vocab_out is refused on open and on resume, before any step."""
+    from training.run import Run
+    from training.runio import save_splits
+
+    cfg = tiny_config()
+    out = tmp_path / "run"
+    train({**cfg, "train": {**cfg["train"], "epochs": 1}}, out, progress=False)
+    splits = load_file(str(out / "splits.safetensors"))
+    splits["train_labels"][0] = cfg["model"]["d_vocab_out"]  # one label past the last class
+    save_splits(out, splits)
+    before = (out / "metrics.jsonl").read_bytes()
+    with pytest.raises(RunError, match=rf"train_labels holds values outside \[0, {cfg['model']['d_vocab_out']}\)"):
+        Run.open(out).splits
+    with pytest.raises(RunError, match="train_labels holds values outside"):
+        train(cfg, out, resume=True, progress=False)
+    assert (out / "metrics.jsonl").read_bytes() == before
