@@ -1,7 +1,16 @@
 """Interpretability on plain HookedTransformers: ablation, cross-split patching, fingerprints,
 circuit evolution over checkpoints, offline visualisation. Load runs with ``training.run.Run``."""
 
-from interp.ablation import Ablation, AttnTarget, HeadTarget, MLPTarget, ResidTarget, all_head_ablations, evaluate_ablations, run_ablated
+from interp.ablation import (
+    Ablation,
+    AttnTarget,
+    HeadTarget,
+    MLPTarget,
+    ResidTarget,
+    all_head_ablations,
+    evaluate_ablations,
+    run_ablated,
+)
 from interp.common import InterpError, Table, label_vs_shortcut_diff
 from interp.evolution import circuit_evolution, detect_phase2, select_checkpoints
 from interp.fingerprints import activation_fingerprints, ov_unembed_circuit, qk_circuit, weight_fingerprints

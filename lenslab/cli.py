@@ -48,7 +48,7 @@ class UserError(Exception):
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (not usage + error)."""
 
-    def error(self, message: str):  # noqa: D401
+    def error(self, message: str):
         self.exit(2, f"lenslab: error: {message} (see: {self.prog} --help)\n")
 
 

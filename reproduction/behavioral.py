@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.run import Run  # noqa: E402
-from reproduction.figures import write_figure  # noqa: E402
-from training.sweep import summarize_sweep, sweep_figure  # noqa: E402
+from reproduction.figures import write_figure
+from training.run import Run
+from training.sweep import summarize_sweep, sweep_figure
 
 
 def main(sweep_dir: str, out_dir: str) -> None:

@@ -29,11 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from interp.spectral import trap_counts_over_run, trap_jsd  # noqa: E402
-from reproduction.figures import write_figure  # noqa: E402
-from training.config import modadd_run_config, with_init  # noqa: E402
-from training.run import Run  # noqa: E402
-from training.trainer import train  # noqa: E402
+from interp.spectral import trap_counts_over_run, trap_jsd
+from reproduction.figures import write_figure
+from training.config import modadd_run_config, with_init
+from training.run import Run
+from training.trainer import train
 
 
 def continuation(grok_dir: Path, a: argparse.Namespace, weight_decay: float) -> tuple[list[dict], Run]:

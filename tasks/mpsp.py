@@ -17,7 +17,6 @@ showed the paper's two-phase dynamics (see ``../shared/MEASURED.md`` and README)
 from __future__ import annotations
 
 import math
-
 from dataclasses import asdict, dataclass
 
 import numpy as np

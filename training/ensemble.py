@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -104,7 +104,7 @@ def ensemble_step(
     labels: Int[Tensor, "E n"],
     idx: Int[Tensor, "E batch"],
     active: list[bool] | None = None,
-) -> Float[Tensor, "E"]:
+) -> Float[Tensor, E]:
     """One AdamW step of every member on its own rows ``idx`` of its train split; returns the losses."""
     batch = torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, tokens.shape[2]))
     y = torch.gather(labels, 1, idx)

@@ -10,9 +10,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Collection, Iterator
 
 import torch
 from transformer_lens import HookedTransformer
@@ -56,7 +56,7 @@ class Run:
     _splits: dict | None = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, path: str | Path) -> "Run":
+    def open(cls, path: str | Path) -> Run:
         """A run directory, or a checkpoint file inside ``RUN/checkpoints/``."""
         path = Path(path)
         if not path.exists():

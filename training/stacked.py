@@ -24,7 +24,6 @@ embedding, causal attention scaled by 1/sqrt(d_head), ReLU MLP), reorganised for
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
@@ -69,7 +68,7 @@ class StackedTransformer(nn.Module):
         self.attn_scale = cfg.attn_scale if cfg.use_attn_scale else 1.0
 
     @classmethod
-    def from_models(cls, models: list[HookedTransformer]) -> "StackedTransformer":
+    def from_models(cls, models: list[HookedTransformer]) -> StackedTransformer:
         if not models:
             raise ConfigError("an ensemble needs at least one member")
         names = [n for n, _ in models[0].named_parameters()]

@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 import signal
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

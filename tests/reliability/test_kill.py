@@ -9,8 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from killharness import train_argv
-from killharness import Fault, check_after_kill, diff_runs, out_dir, recover, run_files
+from killharness import Fault, check_after_kill, diff_runs, out_dir, recover, run_files, train_argv
 
 
 def nth_event(events: list[dict], file: str, op: str = "fsync", n: int = 0) -> int:

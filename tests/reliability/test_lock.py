@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from killharness import train_argv
-from killharness import Fault, diff_runs, lock_probe, out_dir, recover, run_files
+from killharness import Fault, diff_runs, lock_probe, out_dir, recover, run_files, train_argv
 
 from training.run import Run
 

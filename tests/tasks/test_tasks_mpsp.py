@@ -25,8 +25,7 @@ def brute_shortcut(seq, k, shortcut):
         return seq[0] % k
     best = seq[0]
     for v in seq:
-        if v > best:
-            best = v
+        best = max(best, v)
     return best % k
 
 

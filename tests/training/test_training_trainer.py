@@ -147,9 +147,8 @@ def test_corrupted_resume_state_is_a_clear_error(tmp_path):
 
 
 def test_lock_refuses_a_second_writer_and_recovers_a_stale_one(tmp_path):
-    with RunLock(tmp_path):
-        with pytest.raises(RunError, match="another lenslab process"):
-            train(tiny_config(epochs=1), tmp_path, progress=False)
+    with RunLock(tmp_path), pytest.raises(RunError, match="another lenslab process"):
+        train(tiny_config(epochs=1), tmp_path, progress=False)
     import socket
 
     (tmp_path / ".lock").write_text(f"{socket.gethostname()} 999999999\n")  # a pid that cannot exist
@@ -158,7 +157,7 @@ def test_lock_refuses_a_second_writer_and_recovers_a_stale_one(tmp_path):
 
 
 def test_diverging_loss_stops_with_epoch_named(tmp_path, monkeypatch):
-    import training.trainer as trainer
+    from training import trainer
     from training.errors import TrainingDiverged
 
     real = trainer.readout_logits
