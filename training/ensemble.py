@@ -45,6 +45,7 @@ from training.runio import (
     load_run_splits,
     read_jsonl,
     rewrite_jsonl,
+    run_environment,
     save_checkpoint,
     save_splits,
 )
@@ -209,6 +210,7 @@ def train_ensemble(
 
 def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, template, dev, progress, on_eval) -> list[dict]:
     t = members[0].config["train"]
+    env = run_environment(dev)
     epochs, eval_every, bs_cfg = t["epochs"], t["eval_every"], t["batch_size"]
     E = len(members)
     tokens = torch.stack([m.splits["train_tokens"] for m in members]).to(dev)  # [E, n, pos]
@@ -231,7 +233,7 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
         if is_checkpoint_epoch(m.epoch, eval_every, t["ckpt_density"]) or m.epoch == epochs:
             save_checkpoint(m.out, m.epoch, template, m.config["model"])
         save_resume(e)
-        atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "running"))
+        atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "running", env))
         if on_eval is not None:
             on_eval(e, row)
 
@@ -267,7 +269,7 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
                     if not finite[e]:
                         m.diverged_at = m.epoch
                         last = m.rows[-1]["epoch"] if m.rows else 0
-                        m.summary = _summarize(m.config, m.rows, last, "diverged")
+                        m.summary = _summarize(m.config, m.rows, last, "diverged", env)
                         atomic_write_json(m.out / "summary.json", m.summary)
                     elif m.epoch % eval_every == 0 or m.epoch == epochs:
                         do_eval(e)
@@ -280,7 +282,7 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
                         if running(m):
                             if m.rows[-1]["epoch"] != m.epoch:
                                 save_resume(e)
-                            atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "interrupted"))
+                            atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "interrupted", env))
                     where = members[0].out.parent
                     raise Interrupted(f"interrupted at epoch {low}; all {E} members saved. Continue with: lenslab train ... --out {where} --resume")
     finally:
@@ -288,7 +290,7 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
     summaries = []
     for m in members:
         if m.diverged_at is None:
-            m.summary = _summarize(m.config, m.rows, epochs, "complete")
+            m.summary = _summarize(m.config, m.rows, epochs, "complete", env)
             atomic_write_json(m.out / "summary.json", m.summary)
         summaries.append(m.summary)
     bad = [m for m in members if m.diverged_at is not None]

@@ -7,7 +7,7 @@ Layout (the contract every tool reads; see ``../shared/DESIGN.md``)::
     RUN/checkpoints/<epoch>.safetensors   model state_dict (plain HookedTransformer keys)
     RUN/checkpoints/resume.safetensors    model + AdamW state of the last evaluation
     RUN/metrics.jsonl        one JSON object per evaluation
-    RUN/summary.json         generalized?, first epoch at 100 % adv accuracy, final metrics
+    RUN/summary.json         generalized?, first epoch at 100 % adv accuracy, final metrics, environment
 
 Nothing here unpickles: checkpoints and splits are safetensors, configs are JSON checked
 against a schema (``check_config``), and a pickle given in their place is refused (``refuse_pickle``).
@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import re
 import socket
 import tempfile
@@ -506,6 +507,43 @@ def load_run_splits(run_dir: str | Path, model_kwargs: dict) -> dict[str, torch.
 
 
 # -- the writer lock -------------------------------------------------------------------
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run_environment(device: torch.device) -> dict:
+    """Where a run trained: versions, CPU, torch threads and device, for ``summary.json``.
+
+    A float trajectory is reproducible on the same machine, not across machines: another CPU
+    (its SIMD kernels) or GPU can sum in another order, and a chaotic run (grokking) then drifts.
+    This block lets two runs of the same config that disagree be told apart by where they ran.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        tl_version = version("transformer_lens")
+    except PackageNotFoundError:
+        tl_version = None
+    env = {
+        "torch": torch.__version__,
+        "transformer_lens": tl_version,
+        "python": platform.python_version(),
+        "cpu": _cpu_model(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        env["cuda_device"] = torch.cuda.get_device_name(device)
+    return env
+
+
 def is_temp_file_name(name: str) -> bool:
     """A ``.<name>.*.tmp`` file that ``atomic_write_*`` writes before its rename."""
     return name.startswith(".") and name.endswith(TMP_SUFFIX)

@@ -50,6 +50,7 @@ from training.runio import (
     read_jsonl,
     read_safetensors,
     rewrite_jsonl,
+    run_environment,
     save_checkpoint,
     save_splits,
 )
@@ -215,7 +216,7 @@ def check_init_source(config: dict) -> Path | None:
     return path
 
 
-def _summarize(config: dict, rows: list[dict], epochs_done: int, status: str) -> dict:
+def _summarize(config: dict, rows: list[dict], epochs_done: int, status: str, env: dict) -> dict:
     summary: dict = {"status": status, "epochs_completed": epochs_done, "epochs_target": config["train"]["epochs"]}
     if config["task"]["name"] == "mpsp":
         gen = [r["epoch"] for r in rows if r.get("adv_acc") == 1.0]
@@ -228,6 +229,7 @@ def _summarize(config: dict, rows: list[dict], epochs_done: int, status: str) ->
         summary["best_test_acc"] = best["test_acc"] if best else None
         summary["best_test_epoch"] = best["epoch"] if best else None
     summary["final"] = rows[-1] if rows else None
+    summary["environment"] = env  # the process that wrote this summary: see runio.run_environment
     return summary
 
 
@@ -306,6 +308,7 @@ def train(
 
 def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) -> dict:
     t = config["train"]
+    env = run_environment(dev)
     epochs, eval_every, seed = t["epochs"], t["eval_every"], t["seed"]
     tokens = splits["train_tokens"].to(dev)
     labels = splits["train_labels"].to(dev)
@@ -323,7 +326,7 @@ def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) 
         if is_checkpoint_epoch(epoch, eval_every, t["ckpt_density"]) or epoch == epochs:
             save_checkpoint(out, epoch, model, config["model"])
         _save_resume(out, epoch, model, opt)
-        atomic_write_json(out / "summary.json", _summarize(config, rows, epoch, "running"))
+        atomic_write_json(out / "summary.json", _summarize(config, rows, epoch, "running", env))
         bar.set_postfix_str(_postfix(row), refresh=False)
         if on_eval is not None:
             on_eval(row)
@@ -346,7 +349,7 @@ def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) 
                     loss_sum += loss.detach()
                 if not (torch.isfinite(loss_sum) and all(torch.isfinite(p).all() for p in model.parameters())):
                     last = rows[-1]["epoch"] if rows else 0  # the last step can poison the weights after a finite loss
-                    atomic_write_json(out / "summary.json", _summarize(config, rows, last, "diverged"))
+                    atomic_write_json(out / "summary.json", _summarize(config, rows, last, "diverged", env))
                     raise TrainingDiverged(
                         f"training diverged at epoch {epoch} (loss or weights are NaN/inf); the last good state is epoch {last} "
                         f"in {out}/checkpoints: lower --lr and start a new run"
@@ -357,11 +360,11 @@ def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) 
                 if sigint["hit"] and epoch < epochs:
                     if rows[-1]["epoch"] != epoch:
                         _save_resume(out, epoch, model, opt)
-                    atomic_write_json(out / "summary.json", _summarize(config, rows, epoch, "interrupted"))
+                    atomic_write_json(out / "summary.json", _summarize(config, rows, epoch, "interrupted", env))
                     raise Interrupted(f"interrupted at epoch {epoch}; saved. Continue with: lenslab train ... --out {out} --resume")
     finally:
         bar.close()
-    summary = _summarize(config, rows, epochs, "complete")
+    summary = _summarize(config, rows, epochs, "complete", env)
     atomic_write_json(out / "summary.json", summary)
     return summary
 

@@ -115,6 +115,7 @@ def test_member_follows_the_single_seed_trajectory(tmp_path):
         assert rb["grad_amplification"] == pytest.approx(ra["grad_amplification"], rel=1e-3)
         assert rb["grad_conflict"] == pytest.approx(ra["grad_conflict"], abs=1e-3)
     _close_weights(alone, member, atol=1e-6)
+    assert member.summary["environment"] == alone.summary["environment"]  # same process, same machine
     # the r=0.5 member really trained on its own split
     assert Run.open(tmp_path / "m2").splits["train_tokens"].shape == alone.splits["train_tokens"].shape
     assert not torch.equal(Run.open(tmp_path / "m2").splits["train_labels"], alone.splits["train_labels"])

@@ -44,6 +44,24 @@ def test_run_directory_contract(tmp_path):
     assert json.loads((run / "summary.json").read_text()) == json.loads(json.dumps(summary))
 
 
+
+def test_summary_records_where_the_run_trained(tmp_path):
+    """summary.json names the versions, CPU, thread count and device of the process that trained."""
+    import platform
+    from importlib.metadata import version
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        summary = train(tiny_config(), tmp_path, progress=False, device="cpu")
+    finally:
+        torch.set_num_threads(before)
+    env = json.loads((tmp_path / "summary.json").read_text())["environment"]
+    assert env == summary["environment"]
+    assert env["torch"] == torch.__version__ and env["transformer_lens"] == version("transformer_lens")
+    assert env["python"] == platform.python_version() and env["device"] == "cpu" and env["torch_threads"] == 1
+    assert isinstance(env["cpu"], str) and env["cpu"]
+
 def test_checkpoint_reproduces_recorded_metrics(tmp_path):
     cfg = tiny_config()
     train(cfg, tmp_path, progress=False)
