@@ -41,6 +41,7 @@ from training.runio import (
     append_jsonl,
     atomic_save_safetensors,
     atomic_write_json,
+    carry_environment,
     list_checkpoints,
     load_run_splits,
     read_jsonl,
@@ -133,6 +134,7 @@ class _Member:
         self.epoch = 0
         self.diverged_at: int | None = None
         self.summary: dict = {}
+        self.env: dict = {}
         self.splits: dict[str, torch.Tensor] = {}
 
 
@@ -211,6 +213,10 @@ def train_ensemble(
 def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, template, dev, progress, on_eval) -> list[dict]:
     t = members[0].config["train"]
     env = run_environment(dev)
+    for m in members:
+        m.env, note = carry_environment(m.out, env, m.epoch)
+        if note is not None:
+            print(note, file=sys.stderr)
     epochs, eval_every, bs_cfg = t["epochs"], t["eval_every"], t["batch_size"]
     E = len(members)
     tokens = torch.stack([m.splits["train_tokens"] for m in members]).to(dev)  # [E, n, pos]
@@ -233,7 +239,7 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
         if is_checkpoint_epoch(m.epoch, eval_every, t["ckpt_density"]) or m.epoch == epochs:
             save_checkpoint(m.out, m.epoch, template, m.config["model"])
         save_resume(e)
-        atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "running", env))
+        atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "running", m.env))
         if on_eval is not None:
             on_eval(e, row)
 
@@ -269,7 +275,7 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
                     if not finite[e]:
                         m.diverged_at = m.epoch
                         last = m.rows[-1]["epoch"] if m.rows else 0
-                        m.summary = _summarize(m.config, m.rows, last, "diverged", env)
+                        m.summary = _summarize(m.config, m.rows, last, "diverged", m.env)
                         atomic_write_json(m.out / "summary.json", m.summary)
                     elif m.epoch % eval_every == 0 or m.epoch == epochs:
                         do_eval(e)
@@ -282,7 +288,7 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
                         if running(m):
                             if m.rows[-1]["epoch"] != m.epoch:
                                 save_resume(e)
-                            atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "interrupted", env))
+                            atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "interrupted", m.env))
                     where = members[0].out.parent
                     raise Interrupted(f"interrupted at epoch {low}; all {E} members saved. Continue with: lenslab train ... --out {where} --resume")
     finally:
@@ -290,7 +296,7 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
     summaries = []
     for m in members:
         if m.diverged_at is None:
-            m.summary = _summarize(m.config, m.rows, epochs, "complete", env)
+            m.summary = _summarize(m.config, m.rows, epochs, "complete", m.env)
             atomic_write_json(m.out / "summary.json", m.summary)
         summaries.append(m.summary)
     bad = [m for m in members if m.diverged_at is not None]

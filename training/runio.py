@@ -544,6 +544,31 @@ def run_environment(device: torch.device) -> dict:
     return env
 
 
+def carry_environment(run_dir: str | Path, env: dict, start: int) -> tuple[dict, str | None]:
+    """``env`` for a run resuming at epoch ``start``, and a one-line note when it trained elsewhere.
+
+    When the environment in the run's ``summary.json`` differs from ``env``, it is kept under
+    ``env["earlier"]`` (with ``until_epoch``), so the summary says that the run changed machines
+    (or threads, or library versions) and where. The note names what changed.
+    """
+    if start <= 0:
+        return env, None
+    try:
+        old = json.loads((Path(run_dir) / "summary.json").read_text()).get("environment")
+    except (OSError, ValueError, AttributeError):
+        old = None
+    if not isinstance(old, dict):
+        return env, None
+    earlier = old.get("earlier", [])
+    before = {k: v for k, v in old.items() if k != "earlier"}
+    if before == env:
+        return ({**env, "earlier": earlier} if earlier else env), None
+    changed = ", ".join(f"{k} {before.get(k)!r} -> {env.get(k)!r}" for k in sorted(set(before) | set(env)) if before.get(k) != env.get(k))
+    note = (f"note: {run_dir} trained its first {start} epochs elsewhere ({changed}); "
+            "from here on it may differ from a run that never moved")
+    return {**env, "earlier": [*earlier, {**before, "until_epoch": start}]}, note
+
+
 def is_temp_file_name(name: str) -> bool:
     """A ``.<name>.*.tmp`` file that ``atomic_write_*`` writes before its rename."""
     return name.startswith(".") and name.endswith(TMP_SUFFIX)

@@ -41,6 +41,7 @@ from training.runio import (
     append_jsonl,
     atomic_save_safetensors,
     atomic_write_json,
+    carry_environment,
     check_state_dict,
     file_sha256,
     list_checkpoints,
@@ -308,7 +309,9 @@ def train(
 
 def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) -> dict:
     t = config["train"]
-    env = run_environment(dev)
+    env, note = carry_environment(out, run_environment(dev), start)
+    if note is not None:
+        print(note, file=sys.stderr)
     epochs, eval_every, seed = t["epochs"], t["eval_every"], t["seed"]
     tokens = splits["train_tokens"].to(dev)
     labels = splits["train_labels"].to(dev)

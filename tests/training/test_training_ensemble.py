@@ -189,3 +189,20 @@ def test_incompatible_members_are_refused_with_the_reason():
 def test_same_directory_twice_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="same directory"):
         train_ensemble([tiny_config(seed=0), tiny_config(seed=1)], [tmp_path / "x", tmp_path / "x"], progress=False)
+
+
+def test_a_member_resumed_elsewhere_keeps_its_earlier_environment(tmp_path, capsys):
+    import json
+
+    outs = [tmp_path / f"m{i}" for i in range(2)]
+    train_ensemble([tiny_config(seed=s, epochs=2) for s in (0, 1)], outs, progress=False, device="cpu")
+    moved = json.loads((outs[1] / "summary.json").read_text())
+    here = moved["environment"]
+    moved["environment"] = {**here, "torch": "0.0.0"}
+    (outs[1] / "summary.json").write_text(json.dumps(moved))
+    capsys.readouterr()
+    train_ensemble([tiny_config(seed=s, epochs=4) for s in (0, 1)], outs, resume=True, progress=False, device="cpu")
+    err = capsys.readouterr().err
+    assert f"{outs[1]} trained its first 2 epochs elsewhere (torch '0.0.0' -> " in err and str(outs[0]) not in err
+    assert Run.open(outs[0]).summary["environment"] == here
+    assert Run.open(outs[1]).summary["environment"] == {**here, "earlier": [{**here, "torch": "0.0.0", "until_epoch": 2}]}

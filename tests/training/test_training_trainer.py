@@ -62,6 +62,37 @@ def test_summary_records_where_the_run_trained(tmp_path):
     assert env["python"] == platform.python_version() and env["device"] == "cpu" and env["torch_threads"] == 1
     assert isinstance(env["cpu"], str) and env["cpu"]
 
+
+def test_resume_elsewhere_keeps_the_earlier_environment_and_says_so(tmp_path, capsys):
+    """A run resumed in another environment keeps the old one under ``earlier`` and prints one note."""
+    cfg = tiny_config(epochs=4)
+    train(cfg, tmp_path, progress=False, device="cpu")
+    here = json.loads((tmp_path / "summary.json").read_text())["environment"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary["environment"] = {**here, "cpu": "Some Other CPU", "torch_threads": 7}  # as if trained elsewhere
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    capsys.readouterr()
+    cfg6 = tiny_config(epochs=6)
+    train(cfg6, tmp_path, resume=True, progress=False, device="cpu")
+    err = capsys.readouterr().err
+    assert "trained its first 4 epochs elsewhere" in err and "cpu 'Some Other CPU' -> " in err and "torch_threads 7 -> " in err
+    env = json.loads((tmp_path / "summary.json").read_text())["environment"]
+    assert env["cpu"] == here["cpu"] and env["torch_threads"] == here["torch_threads"]
+    assert env["earlier"] == [{**here, "cpu": "Some Other CPU", "torch_threads": 7, "until_epoch": 4}]
+    # resuming again where it last ran: the history stays, and nothing is printed
+    train(tiny_config(epochs=8), tmp_path, resume=True, progress=False, device="cpu")
+    assert "elsewhere" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "summary.json").read_text())["environment"]["earlier"] == env["earlier"]
+
+
+def test_resume_in_the_same_environment_adds_nothing(tmp_path, capsys):
+    train(tiny_config(epochs=2), tmp_path, progress=False, device="cpu")
+    first = json.loads((tmp_path / "summary.json").read_text())["environment"]
+    capsys.readouterr()
+    train(tiny_config(epochs=4), tmp_path, resume=True, progress=False, device="cpu")
+    assert "elsewhere" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "summary.json").read_text())["environment"] == first
+
 def test_checkpoint_reproduces_recorded_metrics(tmp_path):
     cfg = tiny_config()
     train(cfg, tmp_path, progress=False)
