@@ -506,7 +506,7 @@ def load_run_splits(run_dir: str | Path, model_kwargs: dict) -> dict[str, torch.
     return load_splits(run_dir, n_ctx=m["n_ctx"], d_vocab=m["d_vocab"], n_classes=m["d_vocab_out"])
 
 
-# -- the writer lock -------------------------------------------------------------------
+# -- where a run trained ---------------------------------------------------------------
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -569,6 +569,7 @@ def carry_environment(run_dir: str | Path, env: dict, start: int) -> tuple[dict,
     return {**env, "earlier": [*earlier, {**before, "until_epoch": start}]}, note
 
 
+# -- the writer lock -------------------------------------------------------------------
 def is_temp_file_name(name: str) -> bool:
     """A ``.<name>.*.tmp`` file that ``atomic_write_*`` writes before its rename."""
     return name.startswith(".") and name.endswith(TMP_SUFFIX)

@@ -44,7 +44,6 @@ def test_run_directory_contract(tmp_path):
     assert json.loads((run / "summary.json").read_text()) == json.loads(json.dumps(summary))
 
 
-
 def test_summary_records_where_the_run_trained(tmp_path):
     """summary.json names the versions, CPU, thread count and device of the process that trained."""
     import platform
@@ -67,8 +66,8 @@ def test_resume_elsewhere_keeps_the_earlier_environment_and_says_so(tmp_path, ca
     """A run resumed in another environment keeps the old one under ``earlier`` and prints one note."""
     cfg = tiny_config(epochs=4)
     train(cfg, tmp_path, progress=False, device="cpu")
-    here = json.loads((tmp_path / "summary.json").read_text())["environment"]
     summary = json.loads((tmp_path / "summary.json").read_text())
+    here = summary["environment"]
     summary["environment"] = {**here, "cpu": "Some Other CPU", "torch_threads": 7}  # as if trained elsewhere
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     capsys.readouterr()
@@ -92,6 +91,7 @@ def test_resume_in_the_same_environment_adds_nothing(tmp_path, capsys):
     train(tiny_config(epochs=4), tmp_path, resume=True, progress=False, device="cpu")
     assert "elsewhere" not in capsys.readouterr().err
     assert json.loads((tmp_path / "summary.json").read_text())["environment"] == first
+
 
 def test_checkpoint_reproduces_recorded_metrics(tmp_path):
     cfg = tiny_config()
