@@ -15,6 +15,7 @@ on a shared filesystem.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -35,16 +36,39 @@ SWEEP_FORMAT = "lenslab-sweep/1"
 EXECUTORS = ("local", "ray")
 
 
+# the axes a cell is named by beyond layers/heads/r/wd, with the value that leaves them out of the name
+# (mpsp_run_config's defaults), so a cell's name depends on its values only, never on the grid around it
+AXIS_DEFAULTS = {"seq_len": 5, "n_values": 16, "batch_size": 512, "lr": 1e-3}
+AXIS_TAGS = {"seq_len": "len", "n_values": "v", "batch_size": "b", "lr": "lr"}
+FULL_BATCH = 0  # batch_size 0 in a grid (or "full" on the command line) = the whole train split
+
+
 @dataclass(frozen=True)
 class Cell:
     layers: int
     heads: int
     ratio: float
     weight_decay: float
+    seq_len: int = AXIS_DEFAULTS["seq_len"]
+    n_values: int = AXIS_DEFAULTS["n_values"]
+    batch_size: int = AXIS_DEFAULTS["batch_size"]  # FULL_BATCH = full batch
+    lr: float = AXIS_DEFAULTS["lr"]
 
     @property
     def name(self) -> str:
-        return f"L{self.layers}H{self.heads}-r{self.ratio:g}-wd{self.weight_decay:g}"
+        base = f"L{self.layers}H{self.heads}-r{self.ratio:g}-wd{self.weight_decay:g}"
+        for axis, default in AXIS_DEFAULTS.items():
+            v = getattr(self, axis)
+            if v != default:
+                base += f"-{AXIS_TAGS[axis]}" + ("full" if axis == "batch_size" and v == FULL_BATCH else f"{v:g}")
+        return base
+
+    @classmethod
+    def of(cls, config: dict) -> Cell:
+        """The cell a member's run config belongs to (read from the config, so old plans name cells the same way)."""
+        t, task, model = config["train"], config["task"], config["model"]
+        return cls(model["n_layers"], model["n_heads"], float(task["ratio"]), float(t["weight_decay"]), int(task["seq_len"]),
+                   int(task["n_values"]), int(t["batch_size"] or FULL_BATCH), float(t["lr"]))
 
 
 @dataclass(frozen=True)
@@ -55,6 +79,17 @@ class Member:
     config: dict
 
 
+def _axis(name: str, values, given: dict) -> list:
+    """One grid axis: the list given, or the single setting (or default) of the same name."""
+    if values is None:
+        return [given.pop(name, AXIS_DEFAULTS[name])]
+    if name in given:
+        raise ConfigError(f"{name} is given both as a grid axis and as a setting: give it once")
+    if isinstance(values, (int, float)):  # a single value (n_values=8) is a one-value axis
+        return [values]
+    return list(values)
+
+
 def plan_sweep(
     out: str | Path,
     layers: Iterable[int],
@@ -63,15 +98,37 @@ def plan_sweep(
     seeds: Iterable[int],
     weight_decays: Iterable[float] = (0.1,),
     ensemble_size: int | None = None,
+    seq_lens: Iterable[int] | None = None,
+    n_values: Iterable[int] | None = None,
+    batch_sizes: Iterable[int] | None = None,
+    lrs: Iterable[float] | None = None,
     **settings,
 ) -> dict:
-    """The sweep's plan: every (cell, seed) with its full run config. ``settings`` go to ``mpsp_run_config``."""
-    layers, heads, ratios, seeds, wds = (list(x) for x in (layers, heads, ratios, seeds, weight_decays))
-    for name, values in (("layers", layers), ("heads", heads), ("ratios", ratios), ("seeds", seeds), ("weight decays", wds)):
+    """The sweep's plan: every (cell, seed) with its full run config. ``settings`` go to ``mpsp_run_config``.
+
+    Grid axes: layers x heads x ratios x weight decays x seq_lens x n_values x batch sizes x lrs
+    (a batch size of 0 = full batch). An axis left out takes the single setting of the same name
+    (``seq_len=6``) or the default. Every config is built, and so validated, before anything runs.
+    """
+    given = dict(settings)
+    if given.get("batch_size", AXIS_DEFAULTS["batch_size"]) is None:
+        given["batch_size"] = FULL_BATCH
+    axes = {
+        "layers": list(layers), "heads": list(heads), "ratios": list(ratios), "seeds": list(seeds), "weight_decays": list(weight_decays),
+        "seq_lens": _axis("seq_len", seq_lens, given), "n_values": _axis("n_values", n_values, given),
+        "batch_sizes": _axis("batch_size", batch_sizes, given), "lrs": _axis("lr", lrs, given),
+    }
+    for name, values in axes.items():
         if not values:
-            raise ConfigError(f"the sweep has no {name}: give at least one")
+            raise ConfigError(f"the sweep has no {name.replace('_', ' ')}: give at least one")
         if len(set(values)) != len(values):
-            raise ConfigError(f"the sweep lists a value of {name} twice: {values}")
+            raise ConfigError(f"the sweep lists a value of {name.replace('_', ' ')} twice: {values}")
+    n_train = given.get("n_train", 16_384)
+    for bs in axes["batch_sizes"]:
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 0:
+            raise ConfigError(f"batch size {bs!r} must be a positive integer, or 0 / 'full' for the whole train split")
+        if isinstance(n_train, int) and bs > n_train:
+            raise ConfigError(f"batch size {bs} is larger than the train split (n_train={n_train}): use at most {n_train}, or full")
     if ensemble_size is None:
         from training.ensemble import SWEEP_ENSEMBLE
 
@@ -79,26 +136,68 @@ def plan_sweep(
     if not isinstance(ensemble_size, int) or ensemble_size < 1:
         raise ConfigError(f"ensemble_size={ensemble_size!r} must be an integer >= 1")
     members = []
-    for L in layers:
-        for H in heads:
-            for r in ratios:
-                for wd in wds:
-                    cell = Cell(L, H, float(r), float(wd))
-                    for s in seeds:
-                        cfg = mpsp_run_config(ratio=r, layers=L, heads=H, seed=s, weight_decay=wd, **settings)
-                        members.append(asdict(Member(cell, s, f"{cell.name}/seed_{s}", cfg)))
+    for L, H, r, wd, T, V, bs, lr in itertools.product(
+        axes["layers"], axes["heads"], axes["ratios"], axes["weight_decays"], axes["seq_lens"], axes["n_values"], axes["batch_sizes"], axes["lrs"]
+    ):
+        for s in axes["seeds"]:
+            cfg = mpsp_run_config(ratio=r, layers=L, heads=H, seed=s, weight_decay=wd, seq_len=T, n_values=V,
+                                  batch_size=bs or None, lr=lr, **given)
+            cell = Cell.of(cfg)
+            members.append(asdict(Member(cell, s, f"{cell.name}/seed_{s}", cfg)))
+    _check_split_sizes(members)
     return {
         "format": SWEEP_FORMAT,
         "root": str(Path(out)),
-        "grid": {"layers": layers, "heads": heads, "ratios": ratios, "seeds": seeds, "weight_decays": wds},
+        "grid": axes,
         "settings": settings,
         "ensemble_size": ensemble_size,
         "members": members,
     }
 
 
+def _largest_n_train(task: dict, have_c: int, have_a: int) -> int:
+    """The largest train split that fits beside the task's validation and adversarial splits, by bisection (fit is monotone in n)."""
+    from tasks.splits import n_consistent
+
+    def fits(n: int) -> bool:
+        c = n_consistent(task["ratio"], n)
+        return c + task["n_val"] <= have_c and n - c + task["n_adv"] <= have_a
+
+    lo, hi = 0, task["n_train"]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def _check_split_sizes(members: list[dict]) -> None:
+    """Every task in the grid can build its splits (enough distinct sequences), checked before any I/O."""
+    from tasks import MPSPTask
+    from tasks.splits import n_consistent
+
+    seen = set()
+    for m in members:
+        t = m["config"]["task"]
+        key = (t["label"], t["shortcut"], t["seq_len"], t["n_values"], t["ratio"], t["n_train"], t["n_val"], t["n_adv"])
+        if key in seen:
+            continue
+        seen.add(key)
+        task = MPSPTask(label=t["label"], shortcut=t["shortcut"], seq_len=t["seq_len"], n_values=t["n_values"])
+        have_c, have_a = task.count_groups()
+        c = n_consistent(t["ratio"], t["n_train"])
+        need_c, need_a = c + t["n_val"], t["n_train"] - c + t["n_adv"]
+        if need_c > have_c or need_a > have_a:
+            lo = _largest_n_train(t, have_c, have_a)
+            raise ConfigError(
+                f"seq_len={t['seq_len']}, n_values={t['n_values']} has only {have_c:,} shortcut-consistent and {have_a:,} anti-shortcut "
+                f"sequences, but r={t['ratio']:g} with n_train={t['n_train']:,}, n_val={t['n_val']:,}, n_adv={t['n_adv']:,} needs "
+                f"{need_c:,} and {need_a:,}; the largest train split it allows at these sizes is n_train={lo:,}: "
+                "raise seq_len or n_values, or lower the split sizes"
+            )
+
+
 def _members(plan: dict) -> list[Member]:
-    return [Member(Cell(**m["cell"]), m["seed"], m["out"], m["config"]) for m in plan["members"]]
+    return [Member(Cell.of(m["config"]), m["seed"], m["out"], m["config"]) for m in plan["members"]]
 
 
 def _is_done(root: Path, m: Member) -> bool:
@@ -110,14 +209,23 @@ def _is_done(root: Path, m: Member) -> bool:
     return s.get("status") == "complete" and s.get("epochs_completed") == m.config["train"]["epochs"]
 
 
+def _ensemble_key(config: dict) -> str:
+    """Members that can share one stacked ensemble: same model, task (but r and data seed) and shared train settings."""
+    from training.ensemble import SHARED_TRAIN
+
+    task = {k: v for k, v in config["task"].items() if k not in ("ratio", "seed")}
+    shared = {k: config["train"][k] for k in SHARED_TRAIN}
+    return json.dumps({"model": config["model"], "task": task, "train": shared}, sort_keys=True)
+
+
 def pack(plan: dict, skip_done: bool = True) -> list[list[Member]]:
-    """Jobs: members grouped by architecture, chunked into ensembles of ``ensemble_size``."""
+    """Jobs: members that can share an ensemble (same architecture, task shape, batch and epochs), in chunks of ``ensemble_size``."""
     root = Path(plan["root"])
     groups: dict[str, list[Member]] = {}
     for m in _members(plan):
         if skip_done and _is_done(root, m):
             continue
-        groups.setdefault(json.dumps(m.config["model"], sort_keys=True), []).append(m)
+        groups.setdefault(_ensemble_key(m.config), []).append(m)
     size = plan["ensemble_size"]
     return [g[i : i + size] for g in groups.values() for i in range(0, len(g), size)]
 
@@ -146,32 +254,51 @@ def run_job(root: str, job: list[dict], threads: int | None = None, device: str 
     return [m.out for m in members]
 
 
-def _without_epochs(members) -> list:
-    """Plans compare without the epoch budget: rerunning with a larger --epochs extends the sweep."""
-    if not isinstance(members, list):
-        return []
-    return [{**m, "config": {**m["config"], "train": {k: v for k, v in m["config"]["train"].items() if k != "epochs"}}} for m in members]
+def _without_epochs(config: dict) -> dict:
+    """Configs compare without the epoch budget: rerunning with a larger --epochs extends a member."""
+    return {**config, "train": {k: v for k, v in config["train"].items() if k != "epochs"}}
 
 
-def write_plan(plan: dict) -> Path:
-    """Write ``OUT/sweep.json``; an existing plan must be the same sweep up to ``epochs`` (else refuse)."""
+def _merge_grids(old: dict, new: dict) -> dict:
+    return {k: sorted(set(old.get(k, [])) | set(v), key=lambda x: (x is None, x)) for k, v in new.items()}
+
+
+def write_plan(plan: dict) -> dict:
+    """Write ``OUT/sweep.json``; returns the stored plan: every member this folder has ever planned.
+
+    An existing plan grows: a member already planned at the same place (cell and seed) must have
+    the same config up to ``epochs`` (else the folder holds a different sweep, and this refuses);
+    new cells and seeds are added; members left out of this grid stay in the plan and the tables,
+    untouched. So a sweep can be extended on the cells that are still moving.
+    """
     root = Path(plan["root"])
     path = root / "sweep.json"
+    stored = {k: v for k, v in plan.items() if k != "root"}  # the folder is the root: a moved sweep folder is the same sweep
     if path.exists():
         try:
             old = json.loads(path.read_text())
         except ValueError as e:
             raise RunError(f"{path} is not valid JSON ({e}); move it away to start a new sweep there") from None
-        if old.get("format") != SWEEP_FORMAT:
+        if old.get("format") != SWEEP_FORMAT or not isinstance(old.get("members"), list):
             raise RunError(f"{path} is not a lenslab sweep plan; choose another --out")
-        if _without_epochs(old.get("members")) != _without_epochs(plan["members"]):
-            raise RunError(f"{root} holds a different sweep (grid {old.get('grid')}); rerun it with the same flags, or choose another --out")
+        new_by_out = {m["out"]: m for m in plan["members"]}
+        for m in old["members"]:
+            n = new_by_out.get(m.get("out"))
+            if n is not None and _without_epochs(n["config"]) != _without_epochs(m["config"]):
+                t_old, t_new = m["config"], n["config"]
+                diff = sorted(f"{blk}.{k}" for blk in ("task", "model", "train") for k in set(t_old[blk]) | set(t_new[blk])
+                              if k != "epochs" and t_old[blk].get(k) != t_new[blk].get(k))
+                raise RunError(
+                    f"{root} holds a different sweep: its {m['out']} was planned with other settings ({', '.join(diff[:4])}); "
+                    "rerun it with the same flags, or choose another --out"
+                )
+        kept = [m for m in old["members"] if m["out"] not in new_by_out]
+        stored = {**stored, "members": kept + plan["members"], "grid": _merge_grids(old.get("grid", {}), plan["grid"])}
     elif root.exists() and any(p.name != ".lock" and not is_temp_file_name(p.name) for p in root.iterdir()):
         raise RunError(f"--out {root} is a non-empty directory without a sweep.json; choose an empty or new directory")
     root.mkdir(parents=True, exist_ok=True)
-    # the folder is the root: not stored, so a moved or copied sweep folder is the same sweep, byte for byte
-    atomic_write_json(path, {k: v for k, v in plan.items() if k != "root"})
-    return path
+    atomic_write_json(path, stored)
+    return {**stored, "root": str(root)}
 
 
 def run_sweep(plan: dict, executor: str = "local", workers: int | None = None, progress: bool = True, device: str | None = None, poll_s: float = 2.0) -> list[dict]:
@@ -195,7 +322,7 @@ def run_sweep(plan: dict, executor: str = "local", workers: int | None = None, p
 
 def _run_sweep_locked(plan, root, executor, workers, on_cuda, progress, device, poll_s) -> list[dict]:
     write_plan(plan)
-    all_members = _members(plan)
+    all_members = _members(plan)  # this command's grid; the folder's other cells stay as they are
     jobs = pack(plan)
     if workers is None:
         workers = 1 if on_cuda else max(1, min(_cpu_count(), len(jobs)))
@@ -278,8 +405,13 @@ def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     return (float(ci.low), float(ci.high))
 
 
-def summarize_sweep(root: str | Path, write: bool = True) -> list[dict]:
-    """One row per cell: runs finished, generalized, rate with a Wilson 95 % interval, median first epoch."""
+def summarize_sweep(root: str | Path, write: bool = True, outcomes: bool = True) -> list[dict]:
+    """One row per cell: runs finished, generalized, rate with a Wilson 95 % interval, median first epoch,
+    and how the runs that did not generalize failed (``training.outcomes``).
+
+    With ``write``: ``results.json`` (``cells`` and, with ``outcomes``, ``runs``: one row per finished
+    run), ``results.csv`` (cells), ``results_runs.csv`` (runs).
+    """
     root = Path(root)
     try:
         plan = json.loads((root / "sweep.json").read_text())
@@ -288,27 +420,46 @@ def summarize_sweep(root: str | Path, write: bool = True) -> list[dict]:
     by_cell: dict[Cell, list[Member]] = {}
     for m in _members(plan):
         by_cell.setdefault(m.cell, []).append(m)
-    rows = []
+    rows, run_rows = [], []
     for cell, members in by_cell.items():
-        summaries = []
+        done, cell_runs = [], []
         for m in members:
             try:
-                summaries.append(json.loads((root / m.out / "summary.json").read_text()))
+                s = json.loads((root / m.out / "summary.json").read_text())
             except (OSError, ValueError):
-                pass
-        done = [s for s in summaries if s.get("status") == "complete"]
+                continue
+            if s.get("status") != "complete":
+                continue
+            done.append(s)
+            if outcomes:
+                from training.outcomes import run_outcome
+                from training.run import Run
+
+                cell_runs.append({"cell": cell.name, **asdict(cell), "seed": m.seed, **run_outcome(Run.open(root / m.out))})
         gen = [s for s in done if s.get("generalized")]
         lo, hi = wilson(len(gen), len(done))
         firsts = [s["first_generalized_epoch"] for s in gen if s.get("first_generalized_epoch") is not None]
-        rows.append({
-            "cell": cell.name, "layers": cell.layers, "heads": cell.heads, "ratio": cell.ratio, "weight_decay": cell.weight_decay,
+        epochs = [s.get("epochs_completed") for s in done]
+        row = {
+            "cell": cell.name, **asdict(cell),
             "runs_planned": len(members), "runs": len(done), "generalized": len(gen),
             "rate": len(gen) / len(done) if done else None, "wilson_low": lo if done else None, "wilson_high": hi if done else None,
             "median_first_generalized_epoch": statistics.median(firsts) if firsts else None,
             "still_generalized_at_end": sum(1 for s in gen if s.get("still_generalized_at_end")),
-        })
+            "epochs_min": min(epochs, default=None), "epochs_max": max(epochs, default=None),
+        }
+        if outcomes:
+            from training.outcomes import FAILURES
+
+            row.update({f"failed_{o}": sum(1 for r in cell_runs if r["outcome"] == o) for o in FAILURES})
+        rows.append(row)
+        run_rows += cell_runs
     if write:
-        atomic_write_json(root / "results.json", {"grid": plan["grid"], "settings": plan["settings"], "cells": rows})
+        doc = {"grid": plan["grid"], "settings": plan["settings"], "cells": rows}
+        if outcomes:
+            doc["runs"] = run_rows
+            atomic_write_bytes(root / "results_runs.csv", _csv(run_rows).encode())
+        atomic_write_json(root / "results.json", doc)
         atomic_write_bytes(root / "results.csv", _csv(rows).encode())
         atomic_write_bytes(root / "results.html", sweep_figure(rows).to_html(include_plotlyjs=True, full_html=True, div_id="lenslab-sweep-results").encode())
     return rows
@@ -331,12 +482,13 @@ def sweep_figure(rows: list[dict]):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    keys = sorted({(r["layers"], r["heads"], r["weight_decay"]) for r in rows})
-    for L, H, wd in keys:
-        pts = sorted((r for r in rows if (r["layers"], r["heads"], r["weight_decay"]) == (L, H, wd) and r["rate"] is not None), key=lambda r: r["ratio"])
+    def line(r: dict) -> str:  # a cell's name without its ratio: one line per everything-but-r
+        return "-".join(part for part in r["cell"].split("-") if not part.startswith("r"))
+
+    for key in sorted({line(r) for r in rows}):
+        pts = sorted((r for r in rows if line(r) == key and r["rate"] is not None), key=lambda r: r["ratio"])
         fig.add_trace(go.Scatter(
-            x=[r["ratio"] for r in pts], y=[r["rate"] for r in pts], mode="lines+markers",
-            name=f"{L}L {H}H wd {wd:g}" if len({k[2] for k in keys}) > 1 else f"{L}L {H}H",
+            x=[r["ratio"] for r in pts], y=[r["rate"] for r in pts], mode="lines+markers", name=key,
             error_y=dict(type="data", symmetric=False, array=[r["wilson_high"] - r["rate"] for r in pts], arrayminus=[r["rate"] - r["wilson_low"] for r in pts]),
             text=[f"{r['generalized']}/{r['runs']} seeds" for r in pts], hovertemplate="r=%{x}: %{y:.2f} (%{text})",
         ))

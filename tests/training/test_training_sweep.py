@@ -62,10 +62,92 @@ def test_sweep_table_resume_extension_and_skip(tmp_path):
 
 def test_a_different_sweep_in_the_same_folder_is_refused(tmp_path):
     run_sweep(_plan(tmp_path / "s", ratios=[0.9], heads=[1], seeds=[0]), workers=1, progress=False)
-    with pytest.raises(RunError, match="different sweep"):
-        run_sweep(_plan(tmp_path / "s", ratios=[0.5], heads=[1], seeds=[0]), workers=1, progress=False)
+    with pytest.raises(RunError, match="different sweep.*eval_every"):  # same cell and seed, other settings
+        run_sweep(plan_sweep(tmp_path / "s", layers=[1], heads=[1], ratios=[0.9], seeds=[0], epochs=2, **{**TINY, "eval_every": 1}),
+                  workers=1, progress=False)
     with pytest.raises(ConfigError, match="twice"):
         _plan(tmp_path / "t", seeds=[0, 0])
+
+
+def test_grid_axes_name_cells_by_value_and_reach_the_configs(tmp_path):
+    tiny = {k: v for k, v in TINY.items() if k not in ("seq_len", "n_values", "batch_size")}
+    plan = plan_sweep(tmp_path / "s", layers=[1], heads=[1], ratios=[0.9], seeds=[0], seq_lens=[4, 5], n_values=[8, 16],
+                      batch_sizes=[256, 0], lrs=[1e-3, 3e-3], ensemble_size=4, epochs=1, **tiny)
+    assert len(plan["members"]) == 16
+    for m in plan["members"]:
+        task, train, model = m["config"]["task"], m["config"]["train"], m["config"]["model"]
+        name = m["out"].split("/")[0]
+        # the name carries every value that differs from mpsp_run_config's default, and only those
+        assert ("-len4" in name) == (task["seq_len"] == 4) and "-len5" not in name
+        assert ("-v8" in name) == (task["n_values"] == 8) and "-v16" not in name
+        assert ("-bfull" in name) == (train["batch_size"] is None) and ("-b256" in name) == (train["batch_size"] == 256)
+        assert ("-lr0.003" in name) == (train["lr"] == 3e-3)
+        assert model["n_ctx"] == task["seq_len"] + 1 and model["d_vocab"] == task["n_values"] + 1
+    # an ensemble shares the architecture, the task's shape and the batch size
+    for job in pack(plan):
+        keys = {(m.config["task"]["seq_len"], m.config["task"]["n_values"], m.config["train"]["batch_size"]) for m in job}
+        assert len(keys) == 1
+    # one value still works as a plain setting, and names stay those of a sweep without axes
+    assert _plan(tmp_path / "u", heads=[1])["members"][0]["out"] == "L1H1-r0.5-wd0.1-len4-v8-b256/seed_0"
+    old_style = plan_sweep(tmp_path / "v", layers=[2], heads=[2], ratios=[0.9], seeds=[0], epochs=1)
+    assert old_style["members"][0]["out"] == "L2H2-r0.9-wd0.1/seed_0"
+
+
+def test_bad_axes_are_refused_before_anything_is_written(tmp_path):
+    kw = dict(layers=[1], heads=[1], ratios=[0.9], seeds=[0], epochs=1)
+    with pytest.raises(ConfigError, match="seq lens twice"):
+        plan_sweep(tmp_path / "a", seq_lens=[5, 5], **kw)
+    with pytest.raises(ConfigError, match="batch size -1"):
+        plan_sweep(tmp_path / "a", batch_sizes=[-1], **kw)
+    with pytest.raises(ConfigError, match="larger than the train split"):
+        plan_sweep(tmp_path / "a", batch_sizes=[100_000], **kw)
+    # 4 values of 0..3 (256 sequences) can't hold 16,384 + 2,048 + 2,048 distinct ones; the error names the largest train split
+    from tasks import MPSPTask
+    from tasks.splits import n_consistent
+
+    task = MPSPTask(seq_len=4, n_values=4)
+    seqs = task.decode(list(range(task.n_sequences)))  # brute force: count the groups by enumeration
+    have_c = int((task.labels(seqs) == task.shortcuts(seqs)).sum())
+    have_a = len(seqs) - have_c
+    best = max(n for n in range(0, 300) if n_consistent(0.9, n) + 8 <= have_c and n - n_consistent(0.9, n) + 8 <= have_a)
+    with pytest.raises(ConfigError, match=f"seq_len=4, n_values=4 .* largest train split .* n_train={best}:"):
+        plan_sweep(tmp_path / "a", seq_lens=[4], n_values=[4], n_val=8, n_adv=8, **kw)
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_grown_grid_keeps_finished_cells_and_adds_new_ones(tmp_path):
+    root = tmp_path / "s"
+    first = run_sweep(_plan(root, epochs=2, heads=[1], ratios=[0.9]), workers=1, progress=False)
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*.safetensors")}
+    # a second command: another ratio and a longer horizon for it only; the first cell is not in this grid
+    rows = run_sweep(_plan(root, epochs=4, heads=[1], ratios=[0.5]), workers=1, progress=False)
+    assert {p: p.stat().st_mtime_ns for p in before} == before  # the finished cell was not touched
+    assert sorted(r["cell"] for r in rows) == sorted([first[0]["cell"], first[0]["cell"].replace("-r0.9-", "-r0.5-")])
+    by = {r["ratio"]: r for r in rows}
+    assert (by[0.9]["epochs_max"], by[0.5]["epochs_max"]) == (2, 4) and by[0.9]["runs"] == by[0.5]["runs"] == 2
+    stored = json.loads((root / "sweep.json").read_text())
+    assert stored["grid"]["ratios"] == [0.5, 0.9] and len(stored["members"]) == 4
+
+
+def test_results_say_how_each_run_ended(tmp_path):
+    from training.outcomes import OUTCOMES, run_outcome
+
+    root = tmp_path / "s"
+    rows = run_sweep(_plan(root, epochs=3, heads=[1]), workers=1, progress=False)
+    doc = json.loads((root / "results.json").read_text())
+    assert len(doc["runs"]) == 4
+    for r in doc["runs"]:
+        run = Run.open(root / r["cell"] / f"seed_{r['seed']}")
+        last = run.metrics[-1]
+        assert r["outcome"] in OUTCOMES and r == {"cell": r["cell"], **{k: r[k] for k in ("layers", "heads", "ratio", "weight_decay", "seq_len",
+                                                                                          "n_values", "batch_size", "lr", "seed")}, **run_outcome(run)}
+        assert (r["train_acc_final"], r["adv_acc_last"], r["validation_acc"]) == (last["train_acc"], last["adv_acc"], last["validation_acc"])
+    for c in rows:  # each failed run is counted once in its cell's breakdown
+        runs = [r for r in doc["runs"] if r["cell"] == c["cell"]]
+        fails = sum(c[k] for k in c if k.startswith("failed_"))
+        assert fails == sum(1 for r in runs if r["outcome"] not in ("generalized", "transient"))
+    header = (root / "results_runs.csv").read_text().splitlines()[0].split(",")
+    assert header[:2] == ["cell", "layers"] and "outcome" in header and "adv_trend" in header
 
 
 def test_a_second_sweep_process_on_the_folder_is_refused_and_a_killed_ones_leftovers_are_not(tmp_path):
