@@ -99,26 +99,58 @@ def _close_weights(a: Run, b: Run, atol: float) -> None:
             torch.testing.assert_close(sa[k], sb[k], atol=atol, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
 
 
-def test_member_follows_the_single_seed_trajectory(tmp_path):
-    """Seed 1 inside a 3-member ensemble (other members differ in seed, ratio and lr) vs alone: 300 steps."""
-    kw = dict(epochs=25, eval_every=25, lr=3e-4, batch_size=128)
+def _member_and_alone(tmp_path, **kw):
+    """Seed 1 inside a 3-member ensemble (other members differ in seed, ratio, lr and weight decay) and alone."""
     cfgs = [tiny_config(seed=0, **kw), tiny_config(seed=1, **kw), tiny_config(seed=2, ratio=0.5, **kw)]
     cfgs[0]["train"]["lr"] = 1e-3
     cfgs[2]["train"]["weight_decay"] = 0.5
     train(cfgs[1], tmp_path / "alone", progress=False)
     train_ensemble(cfgs, [tmp_path / f"m{i}" for i in range(3)], progress=False)
-    alone, member = Run.open(tmp_path / "alone"), Run.open(tmp_path / "m1")
-    assert [r["epoch"] for r in alone.metrics] == [r["epoch"] for r in member.metrics] == [0, 25]
+    return Run.open(tmp_path / "alone"), Run.open(tmp_path / "m1")
+
+
+def test_member_follows_the_single_seed_trajectory_step_by_step(tmp_path):
+    """The first 36 AdamW steps (3 epochs of 12), evaluated after every epoch: tight.
+
+    Tolerances. The two implementations order their float sums differently (stacked einsums vs
+    TransformerLens's), and how much that matters depends on the CPU's kernels (blocking, AVX-512 vs
+    generic: ATEN_CPU_CAPABILITY=default) and thread count. Measured over these 36 steps with native
+    and generic kernels, 1 and 2 threads: gradient amplification agrees to 8.2e-8 relative, the
+    conflict cosine to 4.2e-7, accuracies exactly. The bounds below leave a factor >= 20.
+    """
+    alone, member = _member_and_alone(tmp_path, epochs=3, eval_every=1, lr=3e-4, batch_size=128)
+    assert [r["epoch"] for r in alone.metrics] == [r["epoch"] for r in member.metrics] == [0, 1, 2, 3]
     for ra, rb in zip(alone.metrics, member.metrics):
         for key in ("train_acc", "validation_acc", "adv_acc", "train_anti_acc"):
-            assert abs(ra[key] - rb[key]) <= 2 / 256, (key, ra[key], rb[key])
-        assert rb["grad_amplification"] == pytest.approx(ra["grad_amplification"], rel=1e-3)
-        assert rb["grad_conflict"] == pytest.approx(ra["grad_conflict"], abs=1e-3)
-    _close_weights(alone, member, atol=1e-6)
+            assert abs(ra[key] - rb[key]) <= 1 / 256, (key, ra[key], rb[key])  # one example of 256: an argmax tie at most
+        assert rb["grad_amplification"] == pytest.approx(ra["grad_amplification"], rel=2e-6)
+        assert rb["grad_conflict"] == pytest.approx(ra["grad_conflict"], abs=1e-5)
+    _close_weights(alone, member, atol=1e-6)  # weights are O(0.1-1); 36 steps of reordered sums move them ~1e-7
     assert member.summary["environment"] == alone.summary["environment"]  # same process, same machine
     # the r=0.5 member really trained on its own split
-    assert Run.open(tmp_path / "m2").splits["train_tokens"].shape == alone.splits["train_tokens"].shape
-    assert not torch.equal(Run.open(tmp_path / "m2").splits["train_labels"], alone.splits["train_labels"])
+    m2 = Run.open(tmp_path / "m2")
+    assert m2.splits["train_tokens"].shape == alone.splits["train_tokens"].shape
+    assert not torch.equal(m2.splits["train_labels"], alone.splits["train_labels"])
+
+
+def test_member_and_single_seed_end_in_the_same_place(tmp_path):
+    """300 steps: loose, by the quantities that a chaotic trajectory keeps, never bit for bit.
+
+    Training amplifies last-bit differences (see the module docstring). With generic kernels
+    (ATEN_CPU_CAPABILITY=default) the member and the single-seed run differ after 300 steps by
+    2.7e-2 in the weights, 2.8 % in gradient amplification (8.37 vs 8.61; another AVX-512 machine
+    gave 8.61 vs 8.39 natively) and up to 0.013 (3.3 examples of 256) in an accuracy along the way,
+    while with this machine's own kernels they agree to 1e-6. So the end is compared by what it
+    learned: accuracies within 4 examples, amplification within 10 %, conflict within 0.1.
+    """
+    alone, member = _member_and_alone(tmp_path, epochs=25, eval_every=25, lr=3e-4, batch_size=128)
+    ra, rb = alone.metrics[-1], member.metrics[-1]
+    assert ra["epoch"] == rb["epoch"] == 25
+    for key in ("train_acc", "validation_acc", "adv_acc", "train_anti_acc"):
+        assert abs(ra[key] - rb[key]) <= 4 / 256, (key, ra[key], rb[key])
+    assert ra["validation_acc"] > 0.8 and rb["validation_acc"] > 0.8  # both learned the shortcut: the comparison is not vacuous
+    assert rb["grad_amplification"] == pytest.approx(ra["grad_amplification"], rel=0.1)
+    assert rb["grad_conflict"] == pytest.approx(ra["grad_conflict"], abs=0.1)
 
 
 def test_interrupt_and_resume_is_bitwise_identical_and_mixed_start_epochs(tmp_path):
