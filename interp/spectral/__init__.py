@@ -1,4 +1,5 @@
-"""Correlation traps (Prakash & Martin): outliers of the ESD of entry-shuffled weight matrices.
+"""Correlation traps (Prakash & Martin): outliers of the ESD of entry-shuffled weight matrices;
+and HTSR α, the power-law exponent of each matrix's own ESD (``htsr``, as WeightWatcher reports it).
 
     from interp.spectral import detect_traps, extract_matrices, traps_command
     rows = [detect_traps(w, name) for name, w in extract_matrices(model).matrices.items()]
@@ -8,6 +9,7 @@ from interp.spectral.adapter import MatrixRef, MatrixSet, Skipped, extract_matri
 from interp.spectral.command import format_traps_table, traps_command
 from interp.spectral.errors import SpectralError
 from interp.spectral.figures import esd_figure, trap_count_figure
+from interp.spectral.htsr import AlphaFit, alpha_table, esd, fit_power_law, htsr_alpha
 from interp.spectral.jsd import JSDRow, js_divergence, null_component, random_probes, replacement, trap_jsd
 from interp.spectral.mp import mp_density, mp_edges, tw_center_scale
 from interp.spectral.run import trap_counts_over_run
@@ -17,9 +19,43 @@ from interp.spectral.traps import TrapComponent, TrapRow, detect_traps, robust_f
 from interp.spectral.ww import ww_fit
 
 __all__ = [
-    "JSDRow", "MatrixRef", "MatrixSet", "Skipped", "SpectralError", "TrapComponent", "TrapRow",
-    "detect_traps", "esd_figure", "extract_matrices", "format_traps_table", "from_2d", "js_divergence",
-    "make_generator", "mp_density", "mp_edges", "null_component", "plan_matrices", "random_permutation",
-    "random_probes", "replacement", "robust_fit", "scan_files", "shard_files", "shuffle", "to_2d", "to_records",
-    "trap_count_figure", "trap_counts_over_run", "trap_jsd", "traps_command", "tw_center_scale", "unshuffle", "ww_fit",
+    "AlphaFit",
+    "JSDRow",
+    "MatrixRef",
+    "MatrixSet",
+    "Skipped",
+    "SpectralError",
+    "TrapComponent",
+    "TrapRow",
+    "alpha_table",
+    "detect_traps",
+    "esd",
+    "esd_figure",
+    "extract_matrices",
+    "fit_power_law",
+    "format_traps_table",
+    "from_2d",
+    "htsr_alpha",
+    "js_divergence",
+    "make_generator",
+    "mp_density",
+    "mp_edges",
+    "null_component",
+    "plan_matrices",
+    "random_permutation",
+    "random_probes",
+    "replacement",
+    "robust_fit",
+    "scan_files",
+    "shard_files",
+    "shuffle",
+    "to_2d",
+    "to_records",
+    "trap_count_figure",
+    "trap_counts_over_run",
+    "trap_jsd",
+    "traps_command",
+    "tw_center_scale",
+    "unshuffle",
+    "ww_fit",
 ]

@@ -81,9 +81,18 @@ def _jsd_rows(run_dir: Path, epoch: int | None, mode: str, seed: int) -> list[di
     return [r.to_record() for r in trap_jsd(model, mode=mode, seed=seed, split=split, n_probes=JSD_PROBES, n_null=JSD_NULL)]
 
 
-def traps_command(path, mode: str = "robust", seed: int = 0, n_shuffles: int = 1, jsd: bool = False, workers: int = 2,
-                  executor: str = "local", progress: bool = True, epochs: Collection[int] | None = None) -> dict:
-    """Trap rows for every checkpoint (or the one file / shard folder) at ``path``.
+def traps_command(
+    path,
+    mode: str = "robust",
+    seed: int = 0,
+    n_shuffles: int = 1,
+    jsd: bool = False,
+    workers: int = 2,
+    executor: str = "local",
+    progress: bool = True,
+    epochs: Collection[int] | None = None,
+) -> dict:
+    """Trap rows, with each matrix's HTSR α columns (``htsr.alpha_record``), for every checkpoint (or the one file / shard folder) at ``path``.
 
     Returns ``{"kind", "path", "mode", "seed", "checkpoints": [{"checkpoint", "epoch", "matrices", "skipped"[, "jsd"]}]}``;
     for shards all files form one entry. ``jsd=True`` (run dirs and checkpoints only) adds trap-replacement J_k rows.
@@ -120,7 +129,7 @@ def _fmt(x, spec: str = ".4g") -> str:
 
 
 def format_traps_table(result: dict) -> str:
-    """One block per checkpoint: a row per matrix (traps, λ₊, threshold, largest/λ₊ or the error)."""
+    """One block per checkpoint: a row per matrix (traps, λ₊, threshold, largest/λ₊, HTSR α and its KS distance, or the error)."""
     lines = [f"traps ({result.get('mode', '?')} mode, seed {result.get('seed', '?')}) for {result.get('path', '')}"]
     for ck in result["checkpoints"]:
         lines.append("")
@@ -130,7 +139,10 @@ def format_traps_table(result: dict) -> str:
             continue
         rows = ck["matrices"]
         width = max([len(r["name"]) for r in rows] + [6])
-        lines.append(f"   {'matrix':<{width}}  {'N':>6} {'M':>6} {'traps':>5} {'lambda+':>9} {'thresh':>9} {'max/l+':>7}")
+        lines.append(
+            f"   {'matrix':<{width}}  {'N':>6} {'M':>6} {'traps':>5} {'lambda+':>9} {'thresh':>9} {'max/l+':>7} {'alpha':>6} {'ks':>6}"
+        )
+        no_alpha = []
         for r in rows:
             if r.get("error"):
                 lines.append(f"   {r['name']:<{width}}  {r['N']:>6} {r['M']:>6}  error: {r['error']}")
@@ -138,8 +150,12 @@ def format_traps_table(result: dict) -> str:
             traps = f"{r['n_traps']}" if r.get("n_shuffles", 1) == 1 else f"{r['n_traps_mean']:.1f}±{r['n_traps_std']:.1f}"
             lines.append(
                 f"   {r['name']:<{width}}  {r['N']:>6} {r['M']:>6} {traps:>5} {_fmt(r['lambda_plus']):>9} "
-                f"{_fmt(r['threshold']):>9} {_fmt(r.get('largest_over_lambda_plus'), '.3g'):>7}"
+                f"{_fmt(r['threshold']):>9} {_fmt(r.get('largest_over_lambda_plus'), '.3g'):>7} "
+                f"{_fmt(r.get('alpha'), '.3g'):>6} {_fmt(r.get('ks'), '.3f'):>6}"
             )
+            if r.get("alpha_reason"):
+                no_alpha.append(f"   no alpha for {r['name']}: {r['alpha_reason']}")
+        lines += no_alpha
         skipped = ck.get("skipped", [])
         vectors = [s for s in skipped if len(s["shape"]) < 2]
         for s in skipped:

@@ -1,4 +1,4 @@
-"""Trap counts per matrix over the checkpoints of a run, aligned with the run's accuracies."""
+"""Trap counts and HTSR α per matrix over the checkpoints of a run, aligned with the run's accuracies."""
 
 from __future__ import annotations
 
@@ -8,9 +8,17 @@ from interp.common import Table
 from interp.spectral.command import traps_command
 
 
-def trap_counts_over_run(path: str | Path, mode: str = "robust", seed: int = 0, n_shuffles: int = 1, workers: int = 2,
-                         progress: bool = False, max_checkpoints: int | None = None) -> Table:
-    """Tidy rows ``{epoch, matrix, N, M, n_traps, n_traps_mean, n_traps_std, lambda_plus, threshold, error, <acc keys>}``.
+def trap_counts_over_run(
+    path: str | Path,
+    mode: str = "robust",
+    seed: int = 0,
+    n_shuffles: int = 1,
+    workers: int = 2,
+    progress: bool = False,
+    max_checkpoints: int | None = None,
+) -> Table:
+    """Tidy rows ``{epoch, matrix, N, M, n_traps, n_traps_mean, n_traps_std, lambda_plus, threshold, alpha, ks, xmin,
+    n_tail, alpha_reason, error, <acc keys>}`` (α: ``htsr``, NaN with ``alpha_reason`` when it cannot be fitted).
 
     Every checkpoint, or at most ``max_checkpoints`` spread evenly (first and last kept).
     Accuracy keys are every ``*_acc`` field of the metrics.jsonl row with the same epoch (None if absent).
@@ -39,6 +47,11 @@ def trap_counts_over_run(path: str | Path, mode: str = "robust", seed: int = 0, 
                     "n_traps_std": r["n_traps_std"],
                     "lambda_plus": r["lambda_plus"],
                     "threshold": r["threshold"],
+                    "alpha": r["alpha"],
+                    "ks": r["ks"],
+                    "xmin": r["xmin"],
+                    "n_tail": r["n_tail"],
+                    "alpha_reason": r["alpha_reason"],
                     "error": r["error"],
                     **accs,
                 }

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from interp.spectral.adapter import MatrixRef, Skipped, plan_matrices, to_2d
 from interp.spectral.errors import SpectralError
+from interp.spectral.htsr import AlphaFit, alpha_record, htsr_alpha
 from interp.spectral.traps import TrapRow, detect_traps
 from training.errors import RunError
 from training.runio import refuse_pickle
@@ -52,7 +53,9 @@ def shard_files(folder: Path) -> list[Path]:
     return files
 
 
-def plan_files(files: list[Path], per_head: bool = False, include_pos: bool = False) -> tuple[list[tuple[str, MatrixRef]], list[Skipped]]:
+def plan_files(
+    files: list[Path], per_head: bool = False, include_pos: bool = False
+) -> tuple[list[tuple[str, MatrixRef]], list[Skipped]]:
     """``(file, ref)`` tasks for the matrices in ``files`` (read headers only), and what was skipped."""
     shapes, where, skipped = {}, {}, []
     for f in files:
@@ -72,7 +75,7 @@ def plan_files(files: list[Path], per_head: bool = False, include_pos: bool = Fa
 
 
 def analyze_task(task: tuple) -> dict:
-    """Read one matrix from its file and return its trap row as a dict (errors become error rows)."""
+    """Read one matrix from its file and return its trap row plus its HTSR α columns as a dict (errors become error rows)."""
     file, ref, mode, seed, n_shuffles = task
     try:
         with safe_open(file, framework="pt") as h:
@@ -81,13 +84,19 @@ def analyze_task(task: tuple) -> dict:
         del t
     except Exception as e:  # noqa: BLE001 (any read failure becomes an error row)
         n, m = max(ref.shape), min(ref.shape)
-        return TrapRow(ref.name, n, m, n / m, mode, seed, n_shuffles, error=f"{file}: cannot read {ref.key} ({_one_line(e)})").to_record()
+        error = f"{file}: cannot read {ref.key} ({_one_line(e)})"
+        return TrapRow(ref.name, n, m, n / m, mode, seed, n_shuffles, error=error).to_record() | alpha_record(
+            AlphaFit.failed(error)
+        )
     rec = detect_traps(w, ref.name, mode=mode, seed=seed, n_shuffles=n_shuffles).to_record()
+    rec.update(alpha_record(htsr_alpha(w, ref.name)))
     rec["file"] = Path(file).name
     return rec
 
 
-def run_tasks(tasks: list[tuple], workers: int = 2, executor: str = "local", progress: bool = True, desc: str = "traps") -> list[dict]:
+def run_tasks(
+    tasks: list[tuple], workers: int = 2, executor: str = "local", progress: bool = True, desc: str = "traps"
+) -> list[dict]:
     """Results of ``analyze_task`` over ``tasks``, in order."""
     if executor not in EXECUTORS:
         raise SpectralError(f"executor={executor!r} is not one of {EXECUTORS}")
@@ -99,7 +108,9 @@ def run_tasks(tasks: list[tuple], workers: int = 2, executor: str = "local", pro
             try:
                 import ray
             except ImportError:
-                raise SpectralError("executor='ray' needs Ray, which is not installed: pip install 'lenslab[ray]' (or use --executor local)") from None
+                raise SpectralError(
+                    "executor='ray' needs Ray, which is not installed: pip install 'lenslab[ray]' (or use --executor local)"
+                ) from None
             if not ray.is_initialized():
                 ray.init(ignore_reinit_error=True, num_cpus=workers, log_to_driver=False)
             remote = ray.remote(analyze_task)
@@ -131,8 +142,17 @@ def run_tasks(tasks: list[tuple], workers: int = 2, executor: str = "local", pro
         bar.close()
 
 
-def scan_files(files: list[Path], mode: str = "robust", seed: int = 0, n_shuffles: int = 1, workers: int = 2,
-               executor: str = "local", progress: bool = True, per_head: bool = False, desc: str = "traps") -> dict:
+def scan_files(
+    files: list[Path],
+    mode: str = "robust",
+    seed: int = 0,
+    n_shuffles: int = 1,
+    workers: int = 2,
+    executor: str = "local",
+    progress: bool = True,
+    per_head: bool = False,
+    desc: str = "traps",
+) -> dict:
     """``{"matrices": [...], "skipped": [...]}`` for the matrices held in ``files``."""
     plan, skipped = plan_files(files, per_head=per_head)
     tasks = [(f, ref, mode, seed, n_shuffles) for f, ref in plan]
