@@ -1,0 +1,1180 @@
+"""One call on a borrowed GPU: check the engine, time it, and run both papers' slices inside a time budget.
+
+    bash benchmarks/gpu/run_on_device.sh OUT [--part a|b|c|d|all|a,b,...] [--budget-s 540]
+    python3 benchmarks/gpu/device_run.py OUT --allow-cpu --tiny --part a,b   # a CPU dry run (what CI does)
+
+Parts, in this order, each given a slice of the budget and guarded by estimates from rates it measures:
+
+a. correctness: the stacked ensemble vs ``HookedTransformer`` (readout logits and one step's gradients),
+   both against a float64 ``HookedTransformer``, in fp32, TF32 and bf16-autocast. fp32 or TF32 outside
+   tolerance stops the script (exit 3).
+b. speed: seed-epochs/s of the paper's 2L model at E in SPEED_E, fp32 / TF32 / bf16-autocast, eager vs
+   CUDA graphs (forward + backward captured) vs ``torch.compile``, each checked against a float64 copy of
+   the stack, as a fraction of the chip's peak; the fastest passing setting is named, and where the time
+   goes (forward, backward, optimizer, launch overhead).
+c. paper-1 slice: ``plan_sweep`` / ``run_sweep`` on cuda over PAPER1_GRID in PAPER1_REGIME, for as many
+   epochs as fit (target PAPER1_TARGET_EPOCHS); results.csv / .json / .html come back.
+d. paper-2 slice: modular addition p = 113, train fraction 0.3, float64, full batch, weight decay 0 and 0.01,
+   as many steps as fit, log-spaced evaluations; traps (and alpha, where interp.spectral reports it) at the
+   checkpoints.
+
+Files in OUT (at most 8): run.json (everything measured, updated after each part), log.txt, paper1_results.csv,
+paper1_results.json, paper1_results.html, paper2.json, paper2.html, paper2_runs.tar.
+Exit codes: 0 done; 1 a part failed (the others still ran); 2 bad input (one line); 3 part a disagreed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import itertools
+import json
+import math
+import os
+import shutil
+import sys
+import tarfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # lenslab trains under torch.use_deterministic_algorithms
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+for _p in (str(REPO), str(HERE)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import wheel_pins  # benchmarks/gpu/wheel_pins.py: standard library only
+
+# ---- what to run: change here ------------------------------------------------------------------------
+PAPER1_REGIME = {"seq_len": 5, "n_values": 16}  # the regime-map issue's choice (seq_len 5 until it has chosen)
+PAPER1_GRID = {"layers": [1, 2], "heads": [1, 2], "ratios": [0.5, 0.9], "seeds": list(range(16))}
+PAPER1_TARGET_EPOCHS = 15_000
+PAPER1_EVAL_EVERY = 50  # every 5 (the CPU default) would spend most of a GPU minute in per-member evaluations
+PAPER1_ENSEMBLE = 32  # one stack per architecture: 2 ratios x 16 seeds
+PAPER1_WORKERS = 4  # the four architectures' stacks step at once in four processes (launch-bound work)
+PAPER2 = {"p": 113, "train_frac": 0.3, "weight_decays": [0.0, 0.01], "dtype": "float64", "n_evals": 40, "target_steps": 10_000_000}
+SPEED_E = (64, 256, 1024)
+SPEED_BATCH, SPEED_N_TRAIN = 512, 16_384  # the paper's batch and train split: 32 steps per epoch
+PRECISIONS = ("fp32", "tf32", "bf16")
+MODES = ("eager", "graph", "compile")
+# Dense peak TFLOP/s of the H200 SXM (the H100 SXM's compute): NVIDIA H200 Tensor Core GPU datasheet (2024),
+# FP32 67, TF32 Tensor Core 989 and BF16 1,979 "with sparsity", halved for dense. Part b also measures a large
+# matmul in each precision and reports the fraction of that.
+PEAK_TFLOPS = {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5}
+PEAK_SOURCE = "NVIDIA H200 datasheet, dense (sparsity figures halved); same compute as H100 SXM"
+# Relative error vs a float64 reference (norm of the difference / norm of the reference), logits and
+# gradients (every parameter; a parameter whose reference gradient is tiny, e.g. the key biases, is
+# measured against 1e-3 of the whole gradient's norm). fp32 rounding is ~6e-8 per operation, TF32's 10-bit
+# mantissa ~5e-4, bf16's 8-bit ~4e-3; a forward pass adds up a few hundred terms and backward doubles
+# the depth, so: fp32 far under 1e-4, TF32 near 1e-3, bf16 near 1e-2 on logits. The bounds leave ~10x room,
+# except bf16's gradients: HookedTransformer itself under bf16 autocast is ~1e-1 off on the LayerNorm
+# weights' gradients (measured on the CPU: 9e-2), so its bound is 3e-1.
+TOL = {"fp32": {"logits": 1e-5, "grads": 1e-4}, "tf32": {"logits": 1e-2, "grads": 3e-2}, "bf16": {"logits": 5e-2, "grads": 3e-1}}
+STOP_ON = ("fp32", "tf32")  # part a stops the script when these disagree
+TARGET_SEED_EPOCHS_S = 2000.0
+BUDGET_S = 540.0  # 9 minutes for the whole command; the device allows 10 per command
+PART_MIN_S = {"a": 20.0, "b": 45.0, "c": 90.0, "d": 60.0}  # below this a part cannot say anything useful
+PART_CAP_S = {"a": 60.0, "b": 170.0}  # a and b take at most this; c and d share the rest
+SHARE = {"c": 0.55, "d": 0.45}
+FINAL_RESERVE_S = 10.0  # writing run.json and the closing table
+PARTS = ("a", "b", "c", "d")
+# every file this script may write into OUT (the device returns at most 8, named in letters, digits, '.', '_', '-')
+OUT_FILES = ("run.json", "log.txt", "paper1_results.csv", "paper1_results.json", "paper1_results.html", "paper2.json",
+             "paper2.html", "paper2_runs.tar")
+TINY = {  # --tiny: a CPU dry run of every code path in seconds (tests/gpu)
+    "E": (2, 4), "batch": 32, "n_train": 256, "check_E": 2, "check_batch": 16,
+    "paper1": {"layers": [1], "heads": [1], "ratios": [0.9], "seeds": [0, 1]}, "paper1_sizes": {"n_train": 256, "n_val": 64, "n_adv": 64, "batch_size": 64},
+    "paper1_eval_every": 2, "paper1_target": 8, "paper2": {"p": 7, "train_frac": 0.5, "n_evals": 5, "target_steps": 60, "cal_steps": 30},
+}
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DISAGREE = 0, 1, 2, 3
+
+
+class BadInput(Exception):
+    """Refused before any work: one line, exit 2."""
+
+
+# ---- time budget -------------------------------------------------------------------------------------
+class Budget:
+    """Seconds left until a deadline, on an injectable clock (tests use a fake one)."""
+
+    def __init__(self, total_s: float, clock=time.monotonic, spent_s: float = 0.0):
+        self.clock = clock
+        self.deadline = clock() + total_s - spent_s
+        self.total = total_s
+
+    def remaining(self) -> float:
+        return self.deadline - self.clock()
+
+    def fits(self, estimate_s: float, reserve_s: float = 0.0) -> bool:
+        return estimate_s + reserve_s <= self.remaining()
+
+    def sub(self, seconds: float) -> Budget:
+        """A child budget that ends at the earlier of its own end and this one's."""
+        child = Budget(0.0, self.clock)
+        child.deadline = min(self.deadline, self.clock() + max(0.0, seconds))
+        child.total = child.deadline - self.clock()
+        return child
+
+
+def parse_parts(spec: str) -> list[str]:
+    """``all`` or a comma list of a-d, in run order; b needs a (the setting it picks must pass a)."""
+    words = [w.strip().lower() for w in spec.split(",") if w.strip()]
+    if not words:
+        raise BadInput(f"--part {spec!r} names no part: choose from a, b, c, d, all (or a comma list such as a,b,c)")
+    parts = set()
+    for w in words:
+        if w == "all":
+            parts.update(PARTS)
+        elif w in PARTS:
+            parts.add(w)
+        else:
+            raise BadInput(f"--part {w!r} is not a part: choose from a, b, c, d, all (or a comma list such as a,b,c)")
+    if "b" in parts:
+        parts.add("a")
+    return [p for p in PARTS if p in parts]
+
+
+def plan_slices(parts: list[str], total_s: float) -> dict[str, float]:
+    """Planned seconds per part: a and b up to their caps, c and d share what is left (by SHARE)."""
+    left = total_s - FINAL_RESERVE_S
+    plan = {}
+    for p in parts:
+        if p in PART_CAP_S:
+            plan[p] = min(PART_CAP_S[p], max(0.0, left - sum(PART_MIN_S[q] for q in parts if q > p)))
+            left -= plan[p]
+    shared = [p for p in parts if p in SHARE]
+    for p in shared:
+        plan[p] = max(0.0, left) * SHARE[p] / sum(SHARE[q] for q in shared)
+    return plan
+
+
+def check_budget(parts: list[str], budget: Budget) -> None:
+    need = sum(PART_MIN_S[p] for p in parts) + FINAL_RESERVE_S
+    have = budget.remaining()
+    if have < need:
+        raise BadInput(
+            f"the remaining budget, {have:.0f} s, cannot hold part(s) {','.join(parts)}, which need at least {need:.0f} s: "
+            f"raise --budget-s (at most ~570 in a 10-minute command) or ask for fewer parts"
+        )
+
+
+def allowance(part: str, parts: list[str], plan: dict[str, float], budget: Budget) -> float:
+    """Seconds part ``part`` may use now: all that is left except what the later parts planned and the final reserve."""
+    later = sum(plan[q] for q in parts if q > part)
+    return budget.remaining() - FINAL_RESERVE_S - later
+
+
+# ---- output ------------------------------------------------------------------------------------------
+class Out:
+    """OUT/run.json (rewritten after every part) and OUT/log.txt, plus the few result files."""
+
+    def __init__(self, folder: Path, clock=time.monotonic):
+        self.folder = folder
+        self.t0 = clock()
+        self.clock = clock
+        self.doc: dict = {"format": "lenslab-gpu-run/1", "parts": {}}
+
+    def log(self, msg: str) -> None:
+        line = f"[{self.clock() - self.t0:7.1f}s] {msg}"
+        print(line, flush=True)
+        with open(self.folder / "log.txt", "a") as f:
+            f.write(line + "\n")
+
+    def save(self) -> None:
+        tmp = self.folder / ".run.json.tmp"
+        tmp.write_text(json.dumps(self.doc, indent=1, default=_jsonable) + "\n")
+        os.replace(tmp, self.folder / "run.json")
+
+
+def _jsonable(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, Path):
+        return str(x)
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
+
+
+def check_out_folder(out: str | Path) -> Path:
+    folder = Path(out)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise BadInput(f"output folder {folder} is not writable ({e.strerror or e}): give a folder you can write, e.g. \"$OUT\"") from None
+    return folder
+
+
+# ---- environment checks ------------------------------------------------------------------------------
+def check_wheels(wheels: str | None) -> dict:
+    """With the carried wheel folder (run_on_device.sh passes it): every pin in it, and those exact versions
+    are what this interpreter imports. Without (a dry run in a dev venv): the versions found, unchecked."""
+    if wheels is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        found = {}
+        for name in wheel_pins.read_pins():
+            try:
+                found[name] = version(name)
+            except PackageNotFoundError:
+                found[name] = None
+        return found
+    try:
+        wheel_pins.check_wheel_dir(wheels, max_mib=None)
+        return wheel_pins.check_installed()
+    except wheel_pins.PinError as e:
+        raise BadInput(str(e)) from None
+
+
+def check_device(allow_cpu: bool):
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if allow_cpu:
+        return torch.device("cpu")
+    raise BadInput(
+        f"CUDA is not visible to torch {torch.__version__} (built for CUDA {torch.version.cuda}): run this on the GPU machine, "
+        "or pass --allow-cpu for a CPU dry run"
+    )
+
+
+def check_paper2_interface(tiny: bool) -> None:
+    """Part d needs the training settings dtype, eval_schedule and n_evals (issue 15): refuse early without them."""
+    from training.errors import ConfigError
+
+    try:
+        paper2_config(0.0, 100, tiny)
+    except (ConfigError, TypeError) as e:
+        raise BadInput(
+            f"part d needs the training settings dtype='float64', eval_schedule='log' and n_evals (training.config.modadd_run_config), "
+            f"which this lenslab refuses ({e}); update lenslab, or run --part a,b,c"
+        ) from None
+
+
+def environment(device) -> dict:
+    import platform
+
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda, "device": str(device),
+           "host_cpus": os.cpu_count(), "platform": platform.platform()}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), sm_count=p.multi_processor_count,
+                   capability=f"{p.major}.{p.minor}")
+    return env
+
+
+# ---- precision and the engine's outputs -------------------------------------------------------------
+@contextlib.contextmanager
+def precision(name: str, device):
+    """fp32 (no TF32 anywhere), tf32 (TF32 matmuls and convolutions), bf16 (autocast to bfloat16, TF32 off)."""
+    import torch
+
+    if name not in PRECISIONS:
+        raise ValueError(f"precision {name!r}: use one of {PRECISIONS}")
+    mm, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    old = (mm.allow_tf32, cudnn.allow_tf32)
+    mm.allow_tf32 = cudnn.allow_tf32 = name == "tf32"
+    try:
+        if name == "bf16":
+            with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False):
+                yield
+        else:
+            yield
+    finally:
+        mm.allow_tf32, cudnn.allow_tf32 = old
+
+
+def rel_err(a, ref, floor: float = 0.0) -> float:
+    """‖a − ref‖ / max(‖ref‖, floor) in float64; inf when anything is NaN/inf."""
+    d = (a.double() - ref.double()).norm().item()
+    n = ref.double().norm().item()
+    if not (math.isfinite(d) and math.isfinite(n)):
+        return math.inf
+    return d / max(n, floor, 1e-300)
+
+
+def compare(out, ref) -> dict:
+    """Errors of (logits [E,B,V], {name: grad [E,...]}) against a reference pair."""
+    import torch
+
+    logits, grads = out
+    rlogits, rgrads = ref
+    total = math.sqrt(sum(float(g.double().norm()) ** 2 for g in rgrads.values()))
+    floor = 1e-3 * total
+    per = {n: rel_err(grads[n], rgrads[n], floor) for n in rgrads}
+    worst = max(per, key=per.get)
+    flat = torch.cat([grads[n].double().flatten() for n in rgrads])
+    rflat = torch.cat([rgrads[n].double().flatten() for n in rgrads])
+    return {"logits": rel_err(logits, rlogits), "grads": per[worst], "grads_worst_param": worst, "grads_global": rel_err(flat, rflat)}
+
+
+def passes(err: dict, prec: str) -> bool:
+    t = TOL[prec]
+    return err["logits"] <= t["logits"] and err["grads"] <= t["grads"]
+
+
+def ht_outputs(models, tokens, labels):
+    """Readout logits [E,B,V] and each parameter's gradient [E,...] of E HookedTransformers, member e on row e."""
+    import torch
+    import torch.nn.functional as F
+
+    from training.gradients import readout_logits
+
+    logits, grads = [], {}
+    for e, m in enumerate(models):
+        lg = readout_logits(m, tokens[e])
+        names, params = zip(*[(n, p) for n, p in m.named_parameters()])
+        gs = torch.autograd.grad(F.cross_entropy(lg.float(), labels[e]), params)
+        logits.append(lg.detach())
+        for n, g in zip(names, gs):
+            grads.setdefault(n, []).append(g)
+    return torch.stack(logits), {n: torch.stack(v) for n, v in grads.items()}
+
+
+def stack_outputs(fwd, ens, tokens, labels):
+    """The same pair from a stacked forward ``fwd`` (the module, or its compiled form) over ``ens.params``."""
+    import torch
+    import torch.nn.functional as F
+
+    logits = fwd(tokens)
+    E = tokens.shape[0]
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none").view(E, -1).mean(1)
+    gs = torch.autograd.grad(loss.sum(), list(ens.params))
+    return logits.detach(), dict(zip(ens.names, gs))
+
+
+def paper1_model_kwargs() -> dict:
+    from training.config import mpsp_run_config
+
+    return mpsp_run_config(layers=2, heads=2, **PAPER1_REGIME)["model"]
+
+
+def to_float64(model):
+    """A float64 copy of a HookedTransformer; ``HookedTransformer.to(dtype)`` also sets cfg.dtype, which its
+    attention casts the pattern to (``Module.double()`` would leave that at float32)."""
+    import torch
+
+    m = copy.deepcopy(model)
+    with contextlib.redirect_stdout(None):
+        return m.to(torch.float64)
+
+
+def random_batch(mk: dict, E: int, B: int, device, seed: int = 0):
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    tokens = torch.randint(0, mk["d_vocab"], (E, B, mk["n_ctx"]), generator=g)
+    labels = torch.randint(0, mk["d_vocab_out"], (E, B), generator=g)
+    return tokens.to(device), labels.to(device)
+
+
+# ---- part a ------------------------------------------------------------------------------------------
+def part_a(ctx: Ctx, allow_s: float | None = None) -> dict:
+    """Stacked vs HookedTransformer, each against a float64 HookedTransformer, per precision (eager)."""
+    from training.presets import build_model
+    from training.stacked import StackedTransformer
+
+    E, B = (TINY["check_E"], TINY["check_batch"]) if ctx.tiny else (4, 256)
+    mk = paper1_model_kwargs()
+    models = [build_model(mk, seed=s, device=str(ctx.device)) for s in range(E)]
+    ens = StackedTransformer.from_models(models).to(ctx.device)
+    tokens, labels = random_batch(mk, E, B, ctx.device, seed=1)
+    ref = ht_outputs([to_float64(m) for m in models], tokens, labels)
+    result = {"members": E, "batch": B, "model": {k: mk[k] for k in ("n_layers", "n_heads", "d_model", "d_mlp", "n_ctx")},
+              "reference": "float64 HookedTransformer, same weights and batch", "tolerance": TOL, "settings": {}}
+    if ctx.device.type == "cpu":
+        result["note"] = "on the CPU TF32 does not exist: the tf32 row computes in plain fp32"
+    for prec in PRECISIONS:
+        with precision(prec, ctx.device):
+            e_stack = compare(stack_outputs(ens, ens, tokens, labels), ref)
+            e_ht = compare(ht_outputs(models, tokens, labels), ref)
+        ok = passes(e_stack, prec)
+        result["settings"][prec] = {"stacked": e_stack, "hooked_transformer": e_ht, "pass": ok}
+        ctx.out.log(f"a: {prec:5s} stacked logits {e_stack['logits']:.1e} grads {e_stack['grads']:.1e} ({e_stack['grads_worst_param']}); "
+                    f"HookedTransformer {e_ht['logits']:.1e} / {e_ht['grads']:.1e}  {'ok' if ok else 'OUTSIDE TOLERANCE'}")
+    result["deterministic_mode"] = deterministic_smoke(ens, models[0], tokens, labels)
+    ctx.out.log(f"a: one training step of each engine under torch.use_deterministic_algorithms: {result['deterministic_mode']}")
+    result["pass"] = all(result["settings"][p]["pass"] for p in STOP_ON)
+    ctx.passed.update({(p, "eager") for p in PRECISIONS if result["settings"][p]["pass"]})
+    if not result["pass"]:
+        bad = [p for p in STOP_ON if not result["settings"][p]["pass"]]
+        s = result["settings"][bad[0]]["stacked"]
+        result["stop"] = (f"the stacked ensemble disagrees with HookedTransformer in {bad[0]}: logits {s['logits']:.2e} "
+                          f"(tolerance {TOL[bad[0]]['logits']:g}), grads {s['grads']:.2e} on {s['grads_worst_param']} "
+                          f"(tolerance {TOL[bad[0]]['grads']:g})")
+    return result
+
+
+def deterministic_smoke(ens, model, tokens, labels) -> str:
+    """One step of the stacked engine and one HookedTransformer backward inside the trainers' deterministic
+    mode: an op with no deterministic CUDA kernel fails here, in seconds, rather than in part c or d."""
+    import torch.nn.functional as F
+
+    from training.ensemble import ensemble_step
+    from training.gradients import readout_logits
+    from training.stacked_adamw import StackedAdamW
+    from training.trainer import deterministic_algorithms
+
+    E, B = labels.shape
+    try:
+        with deterministic_algorithms():
+            idx = torch_arange_rows(E, B, tokens.device)
+            stack = copy.deepcopy(ens)
+            opt = StackedAdamW(list(stack.params), [1e-3] * E, [0.1] * E, (0.9, 0.999))
+            ensemble_step(stack, opt, tokens, labels, idx)
+            m = copy.deepcopy(model)
+            F.cross_entropy(readout_logits(m, tokens[0]), labels[0]).backward()
+        return "ok"
+    except RuntimeError as e:
+        return f"FAILED: {str(e).splitlines()[0][:300]}"
+
+
+def torch_arange_rows(E: int, B: int, device):
+    import torch
+
+    return torch.arange(B, device=device).expand(E, B).contiguous()
+
+
+# ---- part b ------------------------------------------------------------------------------------------
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(step, device, clock=time.perf_counter, warmup: int = 2, target_s: float = 1.0, min_steps: int = 3, max_steps: int = 400) -> dict:
+    """Median-free but honest: warm up, time one step, then time n steps chosen to take about ``target_s``."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    t = clock()
+    step()
+    sync(device)
+    one = max(clock() - t, 1e-6)
+    n = max(min_steps, min(max_steps, int(target_s / one)))
+    t = clock()
+    for _ in range(n):
+        step()
+    sync(device)
+    return {"s_per_step": (clock() - t) / n, "steps_timed": n}
+
+
+def maybe_compile(module, device, compile_fn=None):
+    """(callable, note): ``torch.compile(module)`` on CUDA; on the CPU, or if compiling fails, the module itself."""
+    if device.type != "cuda":
+        return module, "torch.compile skipped: not on CUDA (eager instead)"
+    import torch
+
+    try:
+        if compile_fn is None:
+            torch._dynamo.reset()  # compile from scratch: its time is part of the result
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        return (compile_fn or torch.compile)(module, dynamic=False), "torch.compile (inductor)"
+    except Exception as e:  # noqa: BLE001 - any compiler failure means: measure eager instead
+        return module, f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:160]}); eager instead"
+
+
+class GraphStep:
+    """Forward + backward of a stack captured once as a CUDA graph; each step copies a new batch in and replays.
+
+    The optimizer step stays eager (StackedAdamW builds its per-member scalars on the host each step).
+    ``GraphStep.make`` returns None with a reason off CUDA or when capture fails.
+    """
+
+    def __init__(self, ens, tokens, labels, prec: str, device):
+        import torch
+        import torch.nn.functional as F
+
+        self.ens, self.tokens, self.labels = ens, tokens.clone(), labels.clone()
+        params = list(ens.params)
+        E = tokens.shape[0]
+
+        def fwd_bwd():
+            with precision(prec, device):
+                logits = ens(self.tokens)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), self.labels.reshape(-1), reduction="none").view(E, -1).mean(1)
+            return (logits.detach(),) + tuple(torch.autograd.grad(loss.sum(), params))
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fwd_bwd()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            out = fwd_bwd()
+        self.logits, self.grads = out[0], list(out[1:])
+
+    @classmethod
+    def make(cls, ens, tokens, labels, prec: str, device):
+        if device.type != "cuda":
+            return None, "CUDA graphs skipped: not on CUDA"
+        try:
+            return cls(ens, tokens, labels, prec, device), "CUDA graph of forward + backward, optimizer eager"
+        except Exception as e:  # noqa: BLE001
+            return None, f"CUDA graph capture failed ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+
+    def run(self, tokens, labels):
+        self.tokens.copy_(tokens)
+        self.labels.copy_(labels)
+        self.graph.replay()
+        return self.logits, self.grads
+
+
+def build_stack(mk: dict, E: int, device):
+    """E members for timing: min(E, 8) seeded inits, tiled (values matter little for speed; shapes do)."""
+    from training.presets import build_model
+    from training.stacked import StackedTransformer
+
+    models = [build_model(mk, seed=s, device=str(device)) for s in range(min(E, 8))]
+    base = StackedTransformer.from_models(models)
+    reps = -(-E // len(models))
+    stacked = {n: p.detach().repeat(reps, *([1] * (p.dim() - 1)))[:E].clone() for n, p in zip(base.names, base.params)}
+    return StackedTransformer(models[0], stacked).to(device), models[0]
+
+
+def matmul_tflops(device, clock=time.perf_counter) -> dict:
+    """A large matmul in each precision: the ceilings this chip reaches through torch (CUDA only)."""
+    import torch
+
+    if device.type != "cuda":
+        return {}
+    out = {}
+    n = 8192
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    for prec in PRECISIONS:
+        with precision(prec, device):
+            for _ in range(2):
+                a @ b
+            sync(device)
+            t = clock()
+            reps = 5
+            for _ in range(reps):
+                a @ b
+            sync(device)
+        out[prec] = 2 * n**3 * reps / (clock() - t) / 1e12
+    del a, b
+    return out
+
+
+@dataclass
+class SpeedItem:
+    E: int
+    prec: str
+    mode: str
+
+
+def speed_items(sizes, tiny: bool) -> list[SpeedItem]:
+    """Eager at every (E, precision), then CUDA graphs, then torch.compile (costly: compiled last, fewest)."""
+    items = [SpeedItem(E, p, "eager") for E in sizes for p in PRECISIONS]
+    items += [SpeedItem(E, p, "graph") for E in sizes for p in PRECISIONS]
+    # compile: the largest E first (where compute matters), fastest precisions first; the budget cuts the tail
+    items += [SpeedItem(E, p, "compile") for E in sorted(sizes, reverse=True) for p in reversed(PRECISIONS)]
+    return items
+
+
+def estimate_item_s(item: SpeedItem, done: list[dict], compile_s: float | None) -> float:
+    """Seconds one speed item will take, from what was measured so far (priors before anything was).
+
+    Build + data (scaled by E from the last measured build), warm-up + ~1 s of timing + the correctness
+    check (a few steps, scaled by the step time at this E or the nearest smaller one), plus a compile.
+    """
+    timing_s = 1.0
+    build = [d for d in done if "build_s" in d]
+    build_s = (max(build[-1]["build_s"] * item.E / build[-1]["E"], build[-1]["build_s"]) if build else 5.0)
+    steps = [d for d in done if d.get("s_per_step") and d["E"] <= item.E]
+    step_s = max(d["s_per_step"] * item.E / d["E"] for d in steps) if steps else 0.05
+    est = build_s + timing_s + 8 * step_s
+    if item.mode == "compile":
+        est += compile_s if compile_s is not None else 60.0
+    return est
+
+
+def measure_item(ctx: Ctx, item: SpeedItem, row: dict, cache: dict, mk: dict, B: int, n: int, steps_per_epoch: int,
+                 measured: dict) -> str | None:
+    """Check and time one (E, precision, mode) into ``row``; returns why it was skipped, or None."""
+    import torch
+
+    from training.ensemble import ensemble_step
+    from training.stacked_adamw import StackedAdamW
+
+    dev = ctx.device
+    if cache.get("E") != item.E:  # one stack, its float64 reference outputs and the data per E
+        cache.clear()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        t = time.perf_counter()
+        ens, _ = build_stack(mk, item.E, dev)
+        g = torch.Generator(device=dev).manual_seed(0)
+        tokens = torch.randint(0, mk["d_vocab"], (item.E, n, mk["n_ctx"]), device=dev, generator=g)
+        labels = torch.randint(0, mk["d_vocab_out"], (item.E, n), device=dev, generator=g)
+        perm = torch.argsort(torch.rand(item.E, n, device=dev, generator=g), dim=1)
+        cb = perm[:, :B]
+        ct, cl = torch.gather(tokens, 1, cb[:, :, None].expand(-1, -1, tokens.shape[2])), torch.gather(labels, 1, cb)
+        ref64 = copy.deepcopy(ens).double()
+        ref = stack_outputs(ref64, ref64, ct, cl)
+        del ref64
+        sync(dev)
+        cache.update(E=item.E, ens=ens, tokens=tokens, labels=labels, perm=perm, ref=ref, check=(ct, cl),
+                     init=[p.detach().clone() for p in ens.params])
+        row["build_s"] = time.perf_counter() - t
+    ens, tokens, labels, perm = cache["ens"], cache["tokens"], cache["labels"], cache["perm"]
+    with torch.no_grad():  # every item starts from the same weights
+        for p, s in zip(ens.params, cache["init"]):
+            p.copy_(s)
+    opt = StackedAdamW(list(ens.params), [1e-3] * item.E, [0.1] * item.E, (0.9, 0.999))
+    ct, cl = cache["check"]
+    counter = {"i": 0}
+
+    def next_idx():
+        s = (counter["i"] % steps_per_epoch) * B
+        counter["i"] += 1
+        return perm[:, s : s + B]
+
+    fwd = ens
+    if item.mode == "graph":
+        gs, note = GraphStep.make(ens, ct, cl, item.prec, dev)
+        row["note"] = note
+        if gs is None:
+            return note
+        logits, grads = gs.run(ct, cl)
+        err = compare((logits, dict(zip(ens.names, [g.clone() for g in grads]))), cache["ref"])
+
+        def step():
+            idx = next_idx()
+            bt = torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, tokens.shape[2]))
+            opt.step(gs.run(bt, torch.gather(labels, 1, idx))[1])
+    else:
+        if item.mode == "compile":
+            fwd, note = maybe_compile(ens, dev)
+            if fwd is ens:
+                return note
+        row["note"] = "torch.compile (inductor)" if item.mode == "compile" else "eager"
+        t = time.perf_counter()
+        with precision(item.prec, dev):
+            err = compare(stack_outputs(fwd, ens, ct, cl), cache["ref"])  # compiles here, in compile mode
+        sync(dev)
+        if item.mode == "compile":
+            row["compile_s"] = time.perf_counter() - t
+        engine = _Engine(fwd, ens)
+
+        def step():
+            ensemble_step(engine, opt, tokens, labels, next_idx())
+
+    row["check"] = err
+    row["pass"] = passes(err, item.prec)
+    with precision(item.prec, dev):
+        row.update(time_steps(step, dev, warmup=1 if ctx.tiny else 2, target_s=0.05 if ctx.tiny else 1.0))
+    _rates(row, ens, B, steps_per_epoch, measured)
+    if item.mode == "eager" and (item.prec == "fp32" or ctx.tiny):
+        row["breakdown"] = breakdown(ens, fwd, tokens, labels, next_idx, item.prec, dev, row["s_per_step"])
+    ctx.out.log(f"b: E={item.E:5d} {item.prec:5s} {item.mode:8s} {row['seed_epochs_per_s']:9.1f} seed-epochs/s "
+                f"{row['tflops']:7.2f} TFLOP/s ({100 * row['fraction_of_peak']:.2f}% of peak)  check {'ok' if row['pass'] else 'FAILED'}")
+    return None
+
+
+def part_b(ctx: Ctx, allow_s: float) -> dict:
+    budget = ctx.budget.sub(allow_s)
+    sizes = TINY["E"] if ctx.tiny else SPEED_E
+    B, n = (TINY["batch"], TINY["n_train"]) if ctx.tiny else (SPEED_BATCH, SPEED_N_TRAIN)
+    steps_per_epoch = math.ceil(n / B)
+    mk = paper1_model_kwargs()
+    result = {"model": {k: mk[k] for k in ("n_layers", "n_heads", "d_model", "d_mlp", "n_ctx", "d_vocab")}, "batch": B, "n_train": n,
+              "steps_per_epoch": steps_per_epoch, "peak_tflops": PEAK_TFLOPS, "peak_source": PEAK_SOURCE, "tolerance": TOL,
+              "rows": [], "not_run": []}
+    result["measured_matmul_tflops"] = matmul_tflops(ctx.device)
+    if result["measured_matmul_tflops"]:
+        ctx.out.log("b: 8192^3 matmul TFLOP/s " + ", ".join(f"{k} {v:.0f}" for k, v in result["measured_matmul_tflops"].items()))
+    compile_s = None
+    cache: dict = {}
+    for item in speed_items(sizes, ctx.tiny):
+        if item.mode != "eager" and (item.prec, "eager") not in ctx.passed:
+            result["not_run"].append({**item.__dict__, "why": f"{item.prec} failed part a"})
+            continue
+        est = estimate_item_s(item, result["rows"], compile_s)
+        if not budget.fits(est):
+            result["not_run"].append({**item.__dict__, "why": f"budget: ~{est:.0f} s needed, {budget.remaining():.0f} s left"})
+            continue
+        row = {**item.__dict__, "estimate_s": round(est, 1)}
+        t_item = time.perf_counter()
+        try:
+            why = measure_item(ctx, item, row, cache, mk, B, n, steps_per_epoch, result["measured_matmul_tflops"])
+            if why is not None:
+                result["not_run"].append({**item.__dict__, "why": why})
+                continue
+            if item.mode == "compile":
+                compile_s = row["compile_s"]
+        except Exception as e:  # noqa: BLE001 - one setting failing (e.g. out of memory) must not end the part
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            ctx.out.log(f"b: E={item.E} {item.prec} {item.mode}: {row['error']}")
+        row["wall_s"] = round(time.perf_counter() - t_item, 2)
+        result["rows"].append(row)
+        ctx.out.doc["parts"]["b"] = result
+        ctx.out.save()
+    ok = [r for r in result["rows"] if r.get("pass") and r.get("seed_epochs_per_s")]
+    if ok:
+        best = max(ok, key=lambda r: r["seed_epochs_per_s"])
+        result["best"] = {k: best[k] for k in ("E", "prec", "mode", "seed_epochs_per_s", "tflops", "fraction_of_peak")}
+        result["meets_target"] = best["seed_epochs_per_s"] >= TARGET_SEED_EPOCHS_S
+        result["paper1_grid_minutes_at_best"] = 2 * 2 * 2 * 15 * 15_000 / best["seed_epochs_per_s"] / 60
+        result["where_time_goes"] = where_time_goes(result["rows"])
+        ctx.out.log(f"b: fastest passing: E={best['E']} {best['prec']} {best['mode']}: {best['seed_epochs_per_s']:.0f} seed-epochs/s "
+                    f"(target {TARGET_SEED_EPOCHS_S:.0f}: {'met' if result['meets_target'] else 'not met'})")
+    return result
+
+
+class _Engine:
+    """What ``training.ensemble.ensemble_step`` needs of a stack: call it, and its ``params``."""
+
+    def __init__(self, fwd, ens):
+        self.fwd, self.params = fwd, ens.params
+
+    def __call__(self, tokens):
+        return self.fwd(tokens)
+
+
+def _rates(row: dict, ens, B: int, steps_per_epoch: int, measured: dict) -> None:
+    s = row["s_per_step"]
+    row["seed_epochs_per_s"] = row["E"] / (s * steps_per_epoch)
+    flops = 3.0 * ens.flops_per_example() * B * row["E"]  # forward work actually done, x3 for forward + backward
+    row["tflops"] = flops / s / 1e12
+    row["fraction_of_peak"] = row["tflops"] / PEAK_TFLOPS[row["prec"]]
+    if measured.get(row["prec"]):
+        row["fraction_of_measured_matmul"] = row["tflops"] / measured[row["prec"]]
+
+
+def breakdown(ens, fwd, tokens, labels, next_idx, prec: str, device, s_step: float) -> dict:
+    """Seconds per step in forward, backward and the optimizer (forward-only and forward+backward timed alone)."""
+    import torch
+    import torch.nn.functional as F
+
+    def batch():
+        idx = next_idx()
+        return torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, tokens.shape[2])), torch.gather(labels, 1, idx)
+
+    def f_only():
+        with torch.no_grad():
+            fwd(batch()[0])
+
+    def f_b():
+        bt, bl = batch()
+        logits = fwd(bt)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), bl.reshape(-1), reduction="none").view(bt.shape[0], -1).mean(1)
+        torch.autograd.grad(loss.sum(), list(ens.params))
+
+    with precision(prec, device):
+        tf = time_steps(f_only, device, warmup=1, target_s=0.3 if device.type == "cuda" else 0.03)["s_per_step"]
+        tfb = time_steps(f_b, device, warmup=1, target_s=0.3 if device.type == "cuda" else 0.03)["s_per_step"]
+    return {"forward_s": tf, "backward_s": max(tfb - tf, 0.0), "optimizer_s": max(s_step - tfb, 0.0), "step_s": s_step,
+            "optimizer_share": max(s_step - tfb, 0.0) / s_step}
+
+
+def where_time_goes(rows: list[dict]) -> dict:
+    """Per E: the breakdown of eager fp32, and launch overhead as eager minus CUDA-graph time (same precision)."""
+    out = {}
+    for r in rows:
+        if r.get("breakdown") and r["mode"] == "eager":
+            entry = dict(r["breakdown"])
+            g = next((x for x in rows if x["E"] == r["E"] and x["prec"] == r["prec"] and x["mode"] == "graph" and x.get("s_per_step")), None)
+            if g is not None:
+                fb = entry["forward_s"] + entry["backward_s"]
+                entry["launch_overhead_s"] = max(fb - (g["s_per_step"] - entry["optimizer_s"]), 0.0)
+            out[str(r["E"])] = entry
+    return out
+
+
+# ---- part c ------------------------------------------------------------------------------------------
+def sweep_progress(root: Path) -> int:
+    """The fewest epochs any planned member of the sweep at ``root`` has completed (0 for a new sweep)."""
+    try:
+        plan = json.loads((root / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    done = []
+    for m in plan.get("members", []):
+        try:
+            done.append(int(json.loads((root / m["out"] / "summary.json").read_text()).get("epochs_completed", 0)))
+        except (OSError, ValueError, TypeError):
+            done.append(0)
+    return min(done, default=0)
+
+
+def part_c(ctx: Ctx, allow_s: float) -> dict:
+    from training.sweep import plan_sweep, run_sweep, summarize_sweep
+
+    budget = ctx.budget.sub(allow_s)
+    root = ctx.work / "paper1"
+    grid = TINY["paper1"] if ctx.tiny else PAPER1_GRID
+    sizes = TINY["paper1_sizes"] if ctx.tiny else {}
+    ev = TINY["paper1_eval_every"] if ctx.tiny else PAPER1_EVAL_EVERY
+    target = TINY["paper1_target"] if ctx.tiny else PAPER1_TARGET_EPOCHS
+    workers = 1 if ctx.tiny else PAPER1_WORKERS
+    n_members = len(grid["layers"]) * len(grid["heads"]) * len(grid["ratios"]) * len(grid["seeds"])
+    summary_s = 5.0 + 0.3 * n_members  # summarize_sweep opens every run (outcomes) and writes the figure
+    result = {"regime": PAPER1_REGIME, "grid": grid, "eval_every": ev, "target_epochs": target, "workers": workers,
+              "ensemble_size": PAPER1_ENSEMBLE, "members": n_members, "calls": []}
+
+    def run_to(epochs: int) -> float:
+        plan = plan_sweep(root, **grid, **PAPER1_REGIME, **sizes, epochs=epochs, eval_every=ev, ensemble_size=PAPER1_ENSEMBLE)
+        t = ctx.clock()
+        run_sweep(plan, device=str(ctx.device), workers=workers, progress=False)
+        dt = ctx.clock() - t
+        result["calls"].append({"to_epochs": epochs, "wall_s": round(dt, 2)})
+        ctx.out.log(f"c: sweep to epoch {epochs}: {dt:.1f} s")
+        return dt
+
+    start = sweep_progress(root)  # a warm machine's earlier call: continue it
+    result["started_at_epoch"] = start
+    cur = start
+    if cur < target:
+        first = min(target, cur + ev)
+        t1 = run_to(first)
+        cur = first
+        # a second call of two intervals separates the fixed start-up cost S from one interval's cost I
+        if cur + 2 * ev <= target and budget.fits(2 * t1, summary_s):
+            t2 = run_to(cur + 2 * ev)  # t1 = S + I, t2 = S + 2I
+            cur += 2 * ev
+            interval = t2 - t1 if t2 - t1 > 0.05 * t2 else t2 / 2  # noise guard
+            fixed = max(t1 - interval, 0.0)
+            result.update(interval_s=interval, startup_s=fixed)
+            k = int((budget.remaining() - summary_s - fixed) / interval)
+            final = min(target, cur + max(k, 0) * ev)
+            if final > cur:
+                run_to(final)
+                cur = final
+    result["epochs"] = cur
+    train_s = sum(c["wall_s"] for c in result["calls"])
+    if train_s:
+        result["member_epochs_per_s_with_evals"] = n_members * (cur - start) / train_s
+    t = ctx.clock()
+    rows = summarize_sweep(root)
+    result["summarize_s"] = round(ctx.clock() - t, 2)
+    result["cells"] = rows
+    for name in ("results.csv", "results.json", "results.html"):
+        if (root / name).exists():
+            shutil.copyfile(root / name, ctx.out.folder / f"paper1_{name}")
+    gen = sum(r["generalized"] for r in rows)
+    ctx.out.log(f"c: {n_members} members at epoch {cur} (target {target}); {gen} generalized")
+    return result
+
+
+# ---- part d ------------------------------------------------------------------------------------------
+def paper2_config(weight_decay: float, steps: int, tiny: bool, n_evals: int | None = None) -> dict:
+    from training.config import modadd_run_config
+
+    p2 = {**PAPER2, **TINY["paper2"]} if tiny else PAPER2
+    return modadd_run_config(p=p2["p"], train_frac=p2["train_frac"], weight_decay=weight_decay, epochs=steps, batch_size=None,
+                             dtype=PAPER2["dtype"], eval_schedule="log", n_evals=n_evals or p2["n_evals"])
+
+
+def train_members(configs: list[dict], outs: list[Path], device, on_eval) -> str:
+    """The stacked engine when it takes these configs, else the single-seed trainer one by one; returns which."""
+    from training.ensemble import train_ensemble
+    from training.errors import ConfigError
+    from training.trainer import train
+
+    try:
+        train_ensemble(configs, outs, progress=False, device=str(device), on_eval=lambda e, row: on_eval(e, row))
+        return "ensemble"
+    except ConfigError as e:
+        if any(o.exists() and any(o.iterdir()) for o in outs):
+            raise
+        engine = f"single-seed trainer (the ensemble refused: {e})"
+    for e, (c, o) in enumerate(zip(configs, outs)):
+        train(c, o, progress=False, device=str(device), on_eval=lambda row, e=e: on_eval(e, row))
+    return engine
+
+
+def fit_rate(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(seconds per step, seconds per evaluation) from (epoch, time) at successive evaluations, by least squares
+    on the intervals: dt = a * d_epochs + b. Log-spaced evaluations give intervals of many lengths."""
+    import numpy as np
+
+    pts = sorted(points)
+    d = [(e2 - e1, t2 - t1) for (e1, t1), (e2, t2) in itertools.pairwise(pts) if e2 > e1]
+    if not d:
+        raise ValueError("need two evaluations at different epochs to measure a rate")
+    x = np.array([[de, 1.0] for de, _ in d])
+    y = np.array([dt for _, dt in d])
+    if len(d) == 1 or np.ptp(x[:, 0]) == 0:
+        return max(float(y.sum() / x[:, 0].sum()), 1e-9), 0.0
+    (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+    if a <= 0:
+        return max(float(y.sum() / x[:, 0].sum()), 1e-9), 0.0
+    return float(a), max(float(b), 0.0)
+
+
+def nice_floor(x: float) -> int:
+    """x rounded down to two significant digits (12,345 -> 12,000), at least 1."""
+    if x < 1:
+        return 1
+    mag = 10 ** max(math.floor(math.log10(x)) - 1, 0)
+    return int(x // mag * mag)
+
+
+def part_d(ctx: Ctx, allow_s: float) -> dict:
+    from training.run import Run
+
+    budget = ctx.budget.sub(allow_s)
+    p2 = {**PAPER2, **TINY["paper2"]} if ctx.tiny else {**PAPER2, "cal_steps": 400}
+    wds = PAPER2["weight_decays"]
+    result = {"p": p2["p"], "train_frac": p2["train_frac"], "dtype": PAPER2["dtype"], "weight_decays": wds, "batch": "full",
+              "n_evals": p2["n_evals"], "target_steps": p2["target_steps"]}
+    trap_workers = max(1, min(8, (os.cpu_count() or 2) - 1))
+
+    # calibration: a short run with many evaluations gives seconds per step and per evaluation
+    cal = ctx.work / "paper2_cal"
+    shutil.rmtree(cal, ignore_errors=True)
+    stamps: dict[int, float] = {}
+    t0 = time.perf_counter()
+    engine = train_members([paper2_config(wd, p2["cal_steps"], ctx.tiny, n_evals=12) for wd in wds], [cal / f"wd{wd:g}" for wd in wds],
+                           ctx.device, lambda e, row: stamps.__setitem__(row["epoch"], time.perf_counter()))
+    cal_s = time.perf_counter() - t0
+    a, b = fit_rate(list(stamps.items()))
+    startup = max(min(stamps.values()) - t0, 0.0) if stamps else cal_s
+    serial = len(wds) if engine != "ensemble" else 1
+    t = time.perf_counter()
+    traps_two = traps_over_run(cal / f"wd{wds[0]:g}", 2, trap_workers)  # first and last checkpoint
+    trap_s = (time.perf_counter() - t) / max(len({r["epoch"] for r in traps_two}), 1)
+    result["calibration"] = {"steps": p2["cal_steps"], "wall_s": cal_s, "s_per_step": a, "s_per_eval": b, "startup_s": startup,
+                             "engine": engine, "trap_s_per_checkpoint": trap_s, "alpha_reported": any("alpha" in r for r in traps_two)}
+    ctx.out.log(f"d: calibration ({engine}): {1 / a:.0f} steps/s, {b:.2f} s per evaluation, traps {trap_s:.2f} s per checkpoint")
+
+    n_evals = p2["n_evals"]
+    trap_reserve = trap_s * n_evals * len(wds) * 1.3 + 5.0
+    pack_reserve = 5.0
+    room = budget.remaining() - trap_reserve - pack_reserve - serial * (startup + n_evals * b)
+    steps = min(p2["target_steps"], nice_floor(room / (a * serial))) if room > 0 else 0
+    if steps < min(10 * n_evals, p2["target_steps"]):
+        result["skipped"] = f"budget: {budget.remaining():.0f} s left holds only {max(steps, 0)} steps after evaluations and traps"
+        ctx.out.log(f"d: {result['skipped']}")
+        return result
+    result["steps"] = steps
+    root = ctx.work / f"paper2_{steps}"
+    shutil.rmtree(root, ignore_errors=True)
+    outs = [root / f"wd{wd:g}" for wd in wds]
+    ctx.out.log(f"d: training {len(wds)} members for {steps:,} full-batch steps ({PAPER2['dtype']}, log-spaced evaluations: {n_evals})")
+    t = time.perf_counter()
+    result["engine"] = train_members([paper2_config(wd, steps, ctx.tiny) for wd in wds], outs, ctx.device, lambda e, row: None)
+    result["train_s"] = time.perf_counter() - t
+    result["steps_per_s"] = steps * serial / result["train_s"]
+    ctx.out.log(f"d: trained in {result['train_s']:.0f} s ({result['steps_per_s']:.0f} steps/s)")
+    members = []
+    for i, (wd, out) in enumerate(zip(wds, outs)):
+        run = Run.open(out)
+        ckpts = run.epochs()
+        left = budget.remaining() - pack_reserve
+        k = max(2, min(len(ckpts), int(left / max(trap_s * (len(wds) - i), 1e-3))))  # first and last at least
+        traps = traps_over_run(out, k, trap_workers)
+        members.append({"weight_decay": wd, "summary": run.summary, "metrics": run.metrics, "checkpoints": ckpts,
+                        "checkpoint_dtype": _checkpoint_dtype(out, ckpts), "traps": traps})
+        final = run.metrics[-1] if run.metrics else {}
+        ctx.out.log(f"d: wd={wd:g}: final train acc {final.get('train_acc')}, test acc {final.get('test_acc')}; traps at {len({r['epoch'] for r in traps})} checkpoints")
+    result["members"] = members
+    (ctx.out.folder / "paper2.json").write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
+    try:
+        write_paper2_figure(members, ctx.out.folder / "paper2.html")
+    except Exception as e:  # noqa: BLE001 - a figure must not cost the numbers
+        result["figure_error"] = f"{type(e).__name__}: {e}"
+    result["packed"] = pack_runs(outs, ctx.out.folder / "paper2_runs.tar")
+    return {k: v for k, v in result.items() if k != "members"} | {"members_in": "paper2.json"}
+
+
+def traps_over_run(run_dir: Path, max_checkpoints: int, workers: int) -> list[dict]:
+    from interp.spectral import trap_counts_over_run
+
+    return [dict(r) for r in trap_counts_over_run(run_dir, workers=workers, max_checkpoints=max_checkpoints)]
+
+
+def _checkpoint_dtype(run_dir: Path, epochs: list[int]) -> str | None:
+    from training.runio import checkpoint_path, read_safetensors
+
+    if not epochs:
+        return None
+    tensors, _ = read_safetensors(checkpoint_path(run_dir, epochs[-1]))
+    return str(next(iter(tensors.values())).dtype)
+
+
+def write_paper2_figure(members: list[dict], path: Path) -> None:
+    from interp.spectral import trap_count_figure
+
+    parts = []
+    for i, m in enumerate(members):
+        fig = trap_count_figure(m["traps"], m["metrics"], title=f"modular addition, weight decay {m['weight_decay']:g}")
+        fig.update_xaxes(type="log")
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
+    path.write_text("<html><head><meta charset='utf-8'></head><body>" + "\n".join(parts) + "</body></html>\n")
+
+
+def pack_runs(outs: list[Path], tar_path: Path, max_bytes: int = 15 * 2**20) -> dict:
+    """The members' run directories in one tar (config, splits, metrics, summary, and as many checkpoints as fit)."""
+    from training.runio import list_checkpoints
+
+    small, ckpts = [], []
+    for out in outs:
+        small += [p for p in (out / "config.json", out / "summary.json", out / "metrics.jsonl", out / "splits.safetensors") if p.exists()]
+        ckpts.append([p for _, p in list_checkpoints(out)])
+    used = sum(p.stat().st_size for p in small)
+    chosen: list[Path] = []
+    # last checkpoints first, then spread over the run
+    order = [c[-1] for c in ckpts if c] + [p for c in ckpts for p in _spread(c[:-1])]
+    for p in order:
+        if used + p.stat().st_size <= max_bytes:
+            chosen.append(p)
+            used += p.stat().st_size
+    base = outs[0].parent
+    with tarfile.open(tar_path, "w") as tar:
+        for p in small + chosen:
+            tar.add(p, arcname=str(p.relative_to(base)))
+    return {"file": tar_path.name, "bytes": tar_path.stat().st_size, "checkpoints": len(chosen)}
+
+
+def _spread(items: list) -> list:
+    """Items reordered so that any prefix is spread evenly over the list (middle, quarters, ...)."""
+    out, seen, step = [], set(), len(items)
+    while step >= 1 and len(out) < len(items):
+        for i in range(step // 2, len(items), max(step, 1)):
+            if i not in seen:
+                seen.add(i)
+                out.append(items[i])
+        step //= 2
+    return out + [x for i, x in enumerate(items) if i not in seen]
+
+
+# ---- driver ------------------------------------------------------------------------------------------
+@dataclass
+class Ctx:
+    out: Out
+    budget: Budget
+    device: object
+    work: Path
+    tiny: bool
+    passed: set = field(default_factory=set)
+    clock: object = time.perf_counter  # durations in parts c and d (tests pass a fake one)
+
+
+RUNNERS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d}
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="run_on_device.sh", description=__doc__.splitlines()[0])
+    ap.add_argument("out", help="output folder (on the device: \"$OUT\"); at most 8 files are written there")
+    ap.add_argument("--part", default="all", help="a, b, c, d, all, or a comma list (b implies a); default all")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S, help=f"seconds for the whole command (default {BUDGET_S:g})")
+    ap.add_argument("--started-at", type=float, default=None, help="Unix time the command started (run_on_device.sh passes it)")
+    ap.add_argument("--wheels", default=None, help="the carried wheel folder to check against wheels.txt")
+    ap.add_argument("--work", default=None, help="scratch folder for run directories (default /tmp/lenslab-gpu/work)")
+    ap.add_argument("--allow-cpu", action="store_true", help="run on the CPU when no CUDA device is visible (dry run)")
+    ap.add_argument("--tiny", action="store_true", help="tiny sizes: every code path in seconds (tests, CPU dry runs)")
+    return ap.parse_args(argv)
+
+
+def preflight(args, clock=time.monotonic) -> tuple[list[str], Path, Budget, object, dict]:
+    """Every check that can refuse the call, cheapest first; BadInput (one line) on the first failure."""
+    parts = parse_parts(args.part)
+    if not (isinstance(args.budget_s, float) and math.isfinite(args.budget_s) and args.budget_s > 0):
+        raise BadInput(f"--budget-s {args.budget_s!r} must be a positive number of seconds")
+    folder = check_out_folder(args.out)
+    spent = max(0.0, time.time() - args.started_at) if args.started_at is not None else 0.0
+    budget = Budget(args.budget_s, clock, spent_s=spent)
+    check_budget(parts, budget)
+    pins = check_wheels(args.wheels)
+    device = check_device(args.allow_cpu)
+    if "d" in parts:
+        check_paper2_interface(args.tiny)
+    return parts, folder, budget, device, pins
+
+
+def main(argv: list[str] | None = None, clock=time.monotonic) -> int:
+    args = parse_args(argv)
+    try:
+        parts, folder, budget, device, pins = preflight(args, clock)
+    except BadInput as e:
+        print(f"run_on_device: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    import torch
+
+    out = Out(folder, clock)
+    work = Path(args.work) if args.work else Path("/tmp/lenslab-gpu/work")
+    work.mkdir(parents=True, exist_ok=True)
+    ctx = Ctx(out, budget, device, work, args.tiny, clock=clock)
+    plan = plan_slices(parts, budget.remaining())
+    out.doc.update(date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), argv=sys.argv[1:] if argv is None else argv, requested=parts, plan_s=plan,
+                   budget_s=args.budget_s, environment=environment(device), wheels=pins, tiny=args.tiny,
+                   constants={"PAPER1_REGIME": PAPER1_REGIME, "PAPER1_GRID": PAPER1_GRID, "PAPER1_EVAL_EVERY": PAPER1_EVAL_EVERY,
+                              "PAPER2": PAPER2, "SPEED_E": SPEED_E})
+    out.log(f"parts {','.join(parts)} on {device} ({out.doc['environment'].get('gpu', 'cpu')}), torch {torch.__version__}; "
+            f"budget {budget.remaining():.0f} s: " + ", ".join(f"{p} ~{s:.0f} s" for p, s in plan.items()))
+    out.save()
+    code = EXIT_OK
+    for p in parts:
+        allow = allowance(p, parts, plan, budget)
+        if allow < PART_MIN_S[p]:
+            out.doc["parts"][p] = {"skipped": f"budget: {allow:.0f} s left for it, needs at least {PART_MIN_S[p]:.0f} s"}
+            out.log(f"{p}: skipped ({out.doc['parts'][p]['skipped']})")
+            out.save()
+            continue
+        out.log(f"{p}: start, up to {allow:.0f} s")
+        t = time.perf_counter()
+        try:
+            res = RUNNERS[p](ctx, allow)
+        except Exception as e:  # noqa: BLE001 - record it, go on with the next part
+            res = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            out.log(f"{p}: FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            code = EXIT_FAILED
+        res["wall_s"] = round(time.perf_counter() - t, 1)
+        out.doc["parts"][p] = res
+        out.save()
+        if p == "a" and res.get("stop"):
+            out.log(f"a: STOP: {res['stop']}")
+            print(f"run_on_device: stopped: {res['stop']}", file=sys.stderr)
+            code = EXIT_DISAGREE
+            break
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    out.doc["exit_code"] = code
+    out.doc["files"] = sorted(f.name for f in folder.iterdir() if f.is_file() and not f.name.startswith("."))
+    out.save()
+    out.log(closing_table(out.doc))
+    return code
+
+
+def closing_table(doc: dict) -> str:
+    lines = ["summary:"]
+    for p, r in doc["parts"].items():
+        if isinstance(r.get("skipped"), str) and p != "d":
+            lines.append(f"  {p}: skipped: {r['skipped']}")
+        elif "error" in r:
+            lines.append(f"  {p}: FAILED: {r['error'].splitlines()[0]}")
+        elif p == "a":
+            lines.append(f"  a: {'pass' if r.get('pass') else 'DISAGREE'} (" + ", ".join(f"{k} {'ok' if v['pass'] else 'bad'}" for k, v in r["settings"].items()) + ")")
+        elif p == "b" and r.get("best"):
+            b = r["best"]
+            lines.append(f"  b: best E={b['E']} {b['prec']} {b['mode']}: {b['seed_epochs_per_s']:.0f} seed-epochs/s, {100 * b['fraction_of_peak']:.2f}% of peak")
+        elif p == "c":
+            lines.append(f"  c: {r.get('members')} members to epoch {r.get('epochs')} of {r.get('target_epochs')}")
+        elif p == "d":
+            lines.append(f"  d: {r.get('steps', 0):,} steps ({r.get('engine', '-')})" + (f"; {r['skipped']}" if r.get("skipped") else ""))
+        else:
+            lines.append(f"  {p}: done")
+    lines.append(f"  files: {', '.join(doc.get('files', []))}; exit {doc.get('exit_code')}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

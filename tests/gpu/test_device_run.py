@@ -1,0 +1,337 @@
+"""benchmarks/gpu/device_run.py on the CPU: part selection, the time budget, the fallbacks, the bad-input
+lines, and every part end to end at --tiny sizes (the device runs the same code on CUDA at full size)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import device_run as dr
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+# ---- pure logic -----------------------------------------------------------------------------------
+def test_parse_parts():
+    assert dr.parse_parts("all") == ["a", "b", "c", "d"]
+    assert dr.parse_parts("b") == ["a", "b"]  # the setting b picks must pass a
+    assert dr.parse_parts("d, c") == ["c", "d"]
+    for bad in ("e", "", "a,x", ","):
+        with pytest.raises(dr.BadInput, match="choose from a, b, c, d, all"):
+            dr.parse_parts(bad)
+
+
+def test_budget_on_a_fake_clock():
+    clock = FakeClock()
+    b = dr.Budget(100.0, clock, spent_s=10.0)
+    assert b.remaining() == 90.0 and b.fits(80.0, 10.0) and not b.fits(80.0, 11.0)
+    child = b.sub(30.0)
+    clock.advance(20.0)
+    assert child.remaining() == 10.0 and b.remaining() == 70.0
+    assert b.sub(500.0).remaining() == 70.0  # a child never outlives its parent
+
+
+def test_plan_slices_and_allowance():
+    plan = dr.plan_slices(["a", "b", "c", "d"], 540.0)
+    assert plan["a"] == dr.PART_CAP_S["a"] and plan["b"] == dr.PART_CAP_S["b"]
+    assert sum(plan.values()) == pytest.approx(540.0 - dr.FINAL_RESERVE_S)
+    assert plan["c"] / plan["d"] == pytest.approx(dr.SHARE["c"] / dr.SHARE["d"])
+    assert dr.plan_slices(["c"], 200.0) == {"c": pytest.approx(200.0 - dr.FINAL_RESERVE_S)}
+    small = dr.plan_slices(["a", "b", "c"], 200.0)  # b leaves c its minimum
+    assert small["c"] >= dr.PART_MIN_S["c"]
+    clock = FakeClock()
+    budget = dr.Budget(540.0, clock)
+    clock.advance(15.0)  # a finished early: its unused time flows to the later parts
+    assert dr.allowance("b", ["a", "b", "c", "d"], plan, budget) == pytest.approx(525.0 - dr.FINAL_RESERVE_S - plan["c"] - plan["d"])
+
+
+def test_check_budget_names_the_shortfall():
+    dr.check_budget(["a", "b"], dr.Budget(200.0, FakeClock()))
+    with pytest.raises(dr.BadInput, match=r"remaining budget, 100 s, cannot hold part\(s\) a,b,c,d.*raise --budget-s"):
+        dr.check_budget(["a", "b", "c", "d"], dr.Budget(100.0, FakeClock()))
+
+
+def test_estimate_item_s_grows_with_E_and_compile():
+    done = [{"E": 64, "build_s": 2.0, "s_per_step": 0.01}]
+    small, big = (dr.estimate_item_s(dr.SpeedItem(E, "fp32", "eager"), done, None) for E in (64, 1024))
+    assert big > small > 0
+    comp = dr.estimate_item_s(dr.SpeedItem(64, "bf16", "compile"), done, None)
+    assert comp == pytest.approx(small + 60.0)
+    assert dr.estimate_item_s(dr.SpeedItem(64, "bf16", "compile"), done, 12.0) == pytest.approx(small + 12.0)
+    assert dr.estimate_item_s(dr.SpeedItem(64, "fp32", "eager"), [], None) > 0  # priors before any measurement
+
+
+def test_speed_items_order():
+    items = dr.speed_items((64, 256, 1024), False)
+    modes = [i.mode for i in items]
+    assert modes == sorted(modes, key=["eager", "graph", "compile"].index)  # cheap first, compile last
+    assert (items[-9].E, items[-9].prec) == (1024, "bf16")  # the first compile: largest E, fastest precision
+    assert len(items) == 27
+
+
+def test_fit_rate_recovers_step_and_eval_cost():
+    a, b = 0.002, 0.5
+    epochs = [0, 1, 2, 4, 8, 16, 40, 100, 250, 400]
+    t, pts = 3.0, []
+    for prev, e in zip([0, *epochs], epochs):
+        t += (e - prev) * a + (b if e else 0.0)
+        pts.append((e, t))
+    fa, fb = dr.fit_rate(pts)
+    assert fa == pytest.approx(a, rel=1e-6) and fb == pytest.approx(b, rel=1e-6)
+    with pytest.raises(ValueError, match="two evaluations"):
+        dr.fit_rate([(5, 1.0)])
+    assert dr.nice_floor(12_345.6) == 12_000 and dr.nice_floor(87) == 87 and dr.nice_floor(0.3) == 1
+
+
+# ---- device-agnostic numerics and the fallbacks ----------------------------------------------------
+def test_compile_falls_back_cleanly():
+    module = torch.nn.Linear(2, 2)
+    fwd, note = dr.maybe_compile(module, CPU)
+    assert fwd is module and "not on CUDA" in note
+    fake_cuda = SimpleNamespace(type="cuda")
+
+    def broken(m, **kw):
+        raise RuntimeError("inductor: no C++ compiler\nmore")
+
+    fwd, note = dr.maybe_compile(module, fake_cuda, compile_fn=broken)
+    assert fwd is module and "torch.compile failed (RuntimeError: inductor: no C++ compiler)" in note
+    fwd, note = dr.maybe_compile(module, fake_cuda, compile_fn=lambda m, **kw: ("compiled", m))
+    assert fwd == ("compiled", module)
+
+
+def test_cuda_graph_path_declines_off_cuda():
+    gs, why = dr.GraphStep.make(None, None, None, "fp32", CPU)
+    assert gs is None and "not on CUDA" in why
+
+
+def test_precision_context_restores_flags():
+    mm = torch.backends.cuda.matmul
+    before = mm.allow_tf32
+    with dr.precision("tf32", CPU):
+        assert mm.allow_tf32
+    with dr.precision("bf16", CPU):
+        assert not mm.allow_tf32
+        assert torch.is_autocast_enabled("cpu")
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    assert mm.allow_tf32 == before and not torch.is_autocast_enabled("cpu")
+    with pytest.raises(ValueError, match="fp32"), dr.precision("fp16", CPU):
+        pass
+
+
+def test_stacked_vs_hooked_transformer_check_passes_and_can_fail():
+    from training.presets import build_model
+    from training.stacked import StackedTransformer
+
+    mk = dr.paper1_model_kwargs()
+    models = [build_model(mk, seed=s) for s in range(2)]
+    ens = StackedTransformer.from_models(models)
+    tokens, labels = dr.random_batch(mk, 2, 8, CPU)
+    ref = dr.ht_outputs([dr.to_float64(m) for m in models], tokens, labels)
+    assert ref[0].dtype == torch.float64
+    err = dr.compare(dr.stack_outputs(ens, ens, tokens, labels), ref)
+    assert dr.passes(err, "fp32"), err
+    with torch.no_grad():
+        w = ens.p("blocks.1.mlp.W_out")
+        w[1] += 1e-3 * torch.randn(w[1].shape, generator=torch.Generator().manual_seed(0))  # one member a little off
+    bad = dr.compare(dr.stack_outputs(ens, ens, tokens, labels), ref)
+    assert not dr.passes(bad, "fp32") and bad["logits"] > dr.TOL["fp32"]["logits"]
+    logits, grads = dr.stack_outputs(ens, ens, tokens, labels)
+    assert not dr.passes(dr.compare((logits * float("nan"), grads), ref), "bf16")
+
+
+# ---- bad input: one line, exit 2 ---------------------------------------------------------------------
+def _main(argv, capsys):
+    code = dr.main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    return code, err
+
+
+def _one_line(err: str) -> str:
+    assert err.count("\n") == 1 and err.startswith("run_on_device: error: "), err
+    return err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is visible here")
+def test_no_cuda_is_one_line(tmp_path, capsys):
+    code, err = _main([tmp_path / "out", "--part", "a"], capsys)
+    assert code == 2 and "CUDA is not visible" in _one_line(err) and "--allow-cpu" in err
+
+
+def test_missing_or_wrong_wheel_is_one_line(tmp_path, capsys):
+    code, err = _main([tmp_path / "out", "--part", "a", "--allow-cpu", "--wheels", tmp_path / "nowhere"], capsys)
+    assert code == 2 and "does not exist" in _one_line(err)
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    for name, ver in dr.wheel_pins.read_pins().items():
+        (wheels / f"{name.replace('-', '_')}-{ver}-py3-none-any.whl").write_bytes(b"x")
+    (wheels / "plotly-0.1-py3-none-any.whl").write_bytes(b"x")
+    code, err = _main([tmp_path / "out", "--part", "a", "--allow-cpu", "--wheels", wheels], capsys)
+    assert code == 2 and "plotly-0.1" in _one_line(err) and "not in the pin list" in err
+    (wheels / "plotly-0.1-py3-none-any.whl").unlink()
+    (wheels / next(wheels.glob("datasets-*"))).unlink()
+    code, err = _main([tmp_path / "out", "--part", "a", "--allow-cpu", "--wheels", wheels], capsys)
+    assert code == 2 and "missing" in _one_line(err) and "datasets==" in err
+
+
+def test_wrong_installed_version_is_one_line(tmp_path, capsys, monkeypatch):
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    pins = {"pytest": "0.0.1"}
+    (wheels / "pytest-0.0.1-py3-none-any.whl").write_bytes(b"x")
+    monkeypatch.setattr(dr.wheel_pins, "read_pins", lambda path=None: dict(pins))
+    code, err = _main([tmp_path / "out", "--part", "a", "--allow-cpu", "--wheels", wheels], capsys)
+    assert code == 2 and "the pin is 0.0.1" in _one_line(err) and "PYTHONPATH" in err
+
+
+def test_short_budget_is_one_line(tmp_path, capsys):
+    code, err = _main([tmp_path / "out", "--part", "c,d", "--allow-cpu", "--budget-s", "100"], capsys)
+    assert code == 2 and "cannot hold part(s) c,d" in _one_line(err)
+    code, err = _main([tmp_path / "out", "--part", "a", "--allow-cpu", "--budget-s", "nan"], capsys)
+    assert code == 2 and "--budget-s" in _one_line(err)
+
+
+def test_unwritable_output_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    code, err = _main([blocker / "out", "--part", "a", "--allow-cpu"], capsys)
+    assert code == 2 and "is not writable" in _one_line(err)
+
+
+def test_bad_part_is_one_line(tmp_path, capsys):
+    code, err = _main([tmp_path / "out", "--part", "z"], capsys)
+    assert code == 2 and "'z' is not a part" in _one_line(err)
+
+
+def test_paper2_interface_missing_is_one_line(tmp_path, capsys, monkeypatch):
+    from training.errors import ConfigError
+
+    def old_lenslab(*a, **k):
+        raise ConfigError("unknown training setting(s) ['dtype', 'eval_schedule', 'n_evals']; known: [...]")
+
+    monkeypatch.setattr(dr, "paper2_config", old_lenslab)
+    code, err = _main([tmp_path / "out", "--part", "d", "--allow-cpu", "--tiny"], capsys)
+    assert code == 2 and "part d needs the training settings dtype" in _one_line(err) and "--part a,b,c" in err
+
+
+def test_shell_wrapper_bad_input(tmp_path):
+    script = REPO / "benchmarks" / "gpu" / "run_on_device.sh"
+    r = subprocess.run(["bash", str(script)], check=False, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "output folder first" in r.stderr
+    r = subprocess.run(["bash", str(script), str(tmp_path / "o")], check=False, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "WHEELS": str(tmp_path / "no")})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "fetch_wheels.sh" in r.stderr
+    (tmp_path / "w").mkdir()
+    r = subprocess.run(["bash", str(script), str(tmp_path / "o")], check=False, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "WHEELS": str(tmp_path / "w"), "PY": str(Path(dr.sys.executable))})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing" in r.stderr
+
+
+# ---- parts, end to end at tiny sizes ---------------------------------------------------------------
+def _files_ok(out: Path) -> list[str]:
+    names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    assert set(names) <= set(dr.OUT_FILES) and len(dr.OUT_FILES) <= 8
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names)
+    assert all(p.is_file() and p.stat().st_size <= 16 * 2**20 for p in out.iterdir())
+    return names
+
+
+def test_parts_a_and_b_tiny_on_cpu(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, err = _main([out, "--part", "b", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["requested"] == ["a", "b"] and doc["parts"]["a"]["pass"]
+    b = doc["parts"]["b"]
+    assert {r["E"] for r in b["rows"]} == set(dr.TINY["E"]) and all(r["pass"] for r in b["rows"])
+    assert all(r["seed_epochs_per_s"] > 0 and r["fraction_of_peak"] > 0 for r in b["rows"])
+    assert b["best"]["mode"] == "eager"
+    assert set(b["where_time_goes"]) == {str(E) for E in dr.TINY["E"]}  # no launch overhead off CUDA: no graph rows
+    assert all("launch_overhead_s" not in w for w in b["where_time_goes"].values())
+    assert {n["mode"] for n in b["not_run"]} == {"graph", "compile"} and all("not on CUDA" in n["why"] for n in b["not_run"])
+    assert "breakdown" in b["rows"][0] and b["rows"][0]["breakdown"]["step_s"] > 0
+    assert _files_ok(out) == ["log.txt", "run.json"]
+
+
+def test_part_a_disagreement_stops_with_exit_3(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(dr.TOL, "fp32", {"logits": 0.0, "grads": 0.0})  # nothing passes a zero tolerance
+    out = tmp_path / "out"
+    code, err = _main([out, "--part", "a,b", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
+    assert code == 3 and "disagrees with HookedTransformer in fp32" in err
+    doc = json.loads((out / "run.json").read_text())
+    assert "stop" in doc["parts"]["a"] and "b" not in doc["parts"] and doc["exit_code"] == 3
+
+
+def test_part_c_fits_its_epochs_to_the_budget(tmp_path, monkeypatch):
+    """Fake sweeps (start-up S = 20 s, I = 10 s per 50 epochs) on a fake clock: part c measures S and I from
+    two calls, then trains as many intervals as its allowance holds, keeping time to summarize."""
+    from training import sweep
+
+    clock = FakeClock()
+    state = {"epochs": 0, "calls": []}
+
+    def plan_sweep(root, **kw):
+        return {"epochs": kw["epochs"], "eval_every": kw["eval_every"]}
+
+    def run_sweep(plan, **kw):
+        clock.advance(20.0 + 10.0 * (plan["epochs"] - state["epochs"]) / plan["eval_every"])
+        state["calls"].append(plan["epochs"])
+        state["epochs"] = plan["epochs"]
+
+    monkeypatch.setattr(sweep, "plan_sweep", plan_sweep)
+    monkeypatch.setattr(sweep, "run_sweep", run_sweep)
+    monkeypatch.setattr(sweep, "summarize_sweep", lambda root: [])
+    (tmp_path / "out").mkdir()
+    ctx = dr.Ctx(dr.Out(tmp_path / "out", clock), dr.Budget(1000.0, clock), CPU, tmp_path / "work", tiny=False, clock=clock)
+    res = dr.part_c(ctx, 300.0)
+    summary_s = 5.0 + 0.3 * 128
+    assert state["calls"][:2] == [50, 150]
+    assert res["interval_s"] == pytest.approx(10.0) and res["startup_s"] == pytest.approx(20.0)
+    k = int((300.0 - 70.0 - summary_s - 20.0) / 10.0)
+    assert res["epochs"] == 150 + 50 * k == state["calls"][-1]
+    assert 1000.0 - ctx.budget.remaining() <= 300.0 - summary_s + 1e-9  # time left to summarize
+    state.update(epochs=0, calls=[])
+    clock.t = 0.0
+    ctx.budget = dr.Budget(1000.0, clock)
+    assert dr.part_c(ctx, 50.0)["epochs"] == 50 and state["calls"] == [50]  # no room for a second call
+
+
+def test_part_c_tiny_on_cpu(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, err = _main([out, "--part", "c", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
+    assert code == 0, err
+    c = json.loads((out / "run.json").read_text())["parts"]["c"]
+    assert c["epochs"] == dr.TINY["paper1_target"] and len(c["calls"]) == 3
+    assert _files_ok(out) == ["log.txt", "paper1_results.csv", "paper1_results.html", "paper1_results.json", "run.json"]
+    # a second call on the same (warm) machine continues the sweep instead of refusing it
+    assert dr.sweep_progress(tmp_path / "work" / "paper1") == dr.TINY["paper1_target"]
+
+
+def test_part_d_tiny_on_cpu(tmp_path, capsys):
+    try:
+        dr.check_paper2_interface(tiny=True)
+    except dr.BadInput as e:
+        pytest.skip(f"this lenslab lacks the paper-2 settings: {e}")
+    out = tmp_path / "out"
+    code, err = _main([out, "--part", "d", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
+    assert code == 0, err
+    d = json.loads((out / "paper2.json").read_text())
+    assert d["steps"] == dr.TINY["paper2"]["target_steps"] and len(d["members"]) == 2
+    for m in d["members"]:
+        assert m["checkpoint_dtype"] == "torch.float64" and m["traps"] and m["metrics"]
+    assert _files_ok(out) == ["log.txt", "paper2.html", "paper2.json", "paper2_runs.tar", "run.json"]
