@@ -115,6 +115,7 @@ def _table_html(rows: list[dict], keys: list[str]) -> str:
 def inspection_sections(run_dir, result: dict, n_examples: int = 2) -> list[tuple[str, list]]:
     """Report sections for ``result`` (from ``inspect_run``): curves, gradients, circuits, views."""
     from interp import visual
+    from lenslab.report import collapse_items
 
     run = _open(run_dir)
     metrics = run.metrics
@@ -128,6 +129,7 @@ def inspection_sections(run_dir, result: dict, n_examples: int = 2) -> list[tupl
         ("Run", [f"{result['run']} — analysed checkpoint: epoch {result['epoch']}", f"limits: {result['limits']}"]),
         ("Accuracy", [visual.accuracy_figure(metrics, phase), ph]),
         ("Gradient dynamics", [visual.gradient_figure(metrics)]),
+        ("Softmax collapse and weight norms", collapse_items(metrics)),
     ]
     head_rows = result["evolution"]["head_rows"]
     evo_items = [result["limits"]["evolution"]]

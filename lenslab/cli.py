@@ -77,6 +77,17 @@ def _seeds(text: str) -> list[int]:
 MAX_SEEDS = 10_000
 
 
+def _at_least_one(text: str) -> int:
+    """A count on the command line: an integer >= 1 (checked before any file is read)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} must be at least 1")
+    return n
+
+
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     """Flags default to 'not given' so that ``--resume`` can tell what the user asked for."""
     S = argparse.SUPPRESS
@@ -102,6 +113,11 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=S, help="0 = full batch (default mpsp 512, modadd full)")
     p.add_argument("--eval-every", type=int, default=S, help="epochs between evaluations (default mpsp 5, modadd 50)")
     p.add_argument("--ckpt-density", type=int, default=S, help="evaluations checkpointed before thinning starts (default 16)")
+    p.add_argument("--dtype", choices=["float32", "float64"], default=S,
+                   help="precision of weights, AdamW state, arithmetic and checkpoints (default float32)")
+    p.add_argument("--eval-schedule", choices=["linear", "log"], default=S,
+                   help="linear: every --eval-every epochs (default); log: --n-evals log-spaced epochs, each checkpointed")
+    p.add_argument("--n-evals", type=int, default=S, help="evaluations (after epoch 0) with --eval-schedule log (default 200)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--out", default=None, help="run directory (default runs/<task>-<settings>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out up to --epochs in total")
@@ -135,8 +151,11 @@ FLAG_PLACES = {
     "batch_size": ("train", "batch_size"),
     "eval_every": ("train", "eval_every"),
     "ckpt_density": ("train", "ckpt_density"),
+    "dtype": ("train", "dtype"),
+    "eval_schedule": ("train", "eval_schedule"),
+    "n_evals": ("train", "n_evals"),
 }
-TRAIN_FLAGS = ("epochs", "seed", "lr", "weight_decay", "betas", "batch_size", "eval_every", "ckpt_density")
+TRAIN_FLAGS = ("epochs", "seed", "lr", "weight_decay", "betas", "batch_size", "eval_every", "ckpt_density", "dtype", "eval_schedule", "n_evals")
 MPSP_FLAGS = ("label", "shortcut", "ratio", "seq_len", "n_values", "n_train", "n_val", "n_adv", "layers", "heads")
 
 
@@ -213,6 +232,8 @@ def _default_out(cfg: dict) -> Path:
         name = f"modadd-p{t['p']}-wd{cfg['train']['weight_decay']:g}-s{cfg['train']['seed']}"
     else:
         name = f"mpsp-{t['label']}-{t['shortcut']}-r{t['ratio']:g}-{m['n_layers']}L{m['n_heads']}H-s{cfg['train']['seed']}"
+    if cfg["train"].get("dtype", "float32") != "float32":
+        name += "-" + cfg["train"]["dtype"]
     if cfg.get("init"):
         name += f"-from{cfg['init']['epoch']}"
     return Path("runs") / name
@@ -332,7 +353,17 @@ def _list(kind):
     return parse
 
 
-SWEEP_SETTINGS = ("label", "shortcut", "seq_len", "n_values", "n_train", "n_val", "n_adv", "data_seed", "epochs", "lr", "batch_size", "eval_every", "ckpt_density")
+SWEEP_SETTINGS = ("label", "shortcut", "n_train", "n_val", "n_adv", "data_seed", "epochs", "eval_every", "ckpt_density")
+
+
+def _batch_size(text: str) -> int:
+    """A batch size on the command line: a positive integer, or full / 0 for the whole train split."""
+    if text.strip().lower() == "full":
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a batch size: use a positive integer, or full (or 0) for the whole train split") from None
 
 
 def cmd_sweep(a: argparse.Namespace) -> dict:
@@ -341,19 +372,25 @@ def cmd_sweep(a: argparse.Namespace) -> dict:
     if a.task != "mpsp":
         raise UserError(f"--task {a.task}: sweeps are over MPSP cells (layers x heads x r); train modadd seeds with lenslab train --task modadd --seeds")
     settings = {k: getattr(a, k) for k in SWEEP_SETTINGS if getattr(a, k) is not None}
-    if "batch_size" in settings:
-        settings["batch_size"] = settings["batch_size"] or None
-    plan = plan_sweep(a.out, a.layers, a.heads, a.ratios, a.seeds, a.weight_decay, ensemble_size=a.ensemble_size, **settings)
-    n = len(plan["members"])
-    _log(f"sweep: {n} runs ({len(a.layers)} layers x {len(a.heads)} heads x {len(a.ratios)} ratios x {len(a.weight_decay)} weight decays x {len(a.seeds)} seeds) into {a.out}, executor {a.executor}")
+    axes = {"seq_lens": a.seq_len, "n_values": a.n_values, "batch_sizes": a.batch_size, "lrs": a.lr}
+    plan = plan_sweep(a.out, a.layers, a.heads, a.ratios, a.seeds, a.weight_decay, ensemble_size=a.ensemble_size, **axes, **settings)
+    g = plan["grid"]
+    sizes = " x ".join(f"{len(g[k])} {k.replace('_', ' ')}" for k in g if k != "seeds" and (len(g[k]) > 1 or k in ("layers", "heads", "ratios")))
+    _log(f"sweep: {len(plan['members'])} runs ({sizes} x {len(g['seeds'])} seeds) into {a.out}, executor {a.executor}")
     rows = run_sweep(plan, executor=a.executor, workers=a.workers, progress=not a.no_progress, device=a.device)
     if not a.json:
-        print(f"{'cell':<22} {'runs':>5} {'gen':>4} {'rate':>6}  {'Wilson 95%':<15} median first epoch")
+        from training.outcomes import FAILURES
+
+        width = max([22] + [len(r["cell"]) for r in rows])
+        print(f"{'cell':<{width}} {'runs':>5} {'gen':>4} {'rate':>6}  {'Wilson 95%':<15} {'median 1st':>10}  failed runs")
         for r in rows:
             rate = "-" if r["rate"] is None else f"{r['rate']:.2f}"
             ci = "-" if r["rate"] is None else f"[{r['wilson_low']:.2f}, {r['wilson_high']:.2f}]"
-            print(f"{r['cell']:<22} {r['runs']:>5} {r['generalized']:>4} {rate:>6}  {ci:<15} {r['median_first_generalized_epoch']}")
-        print(f"tables: {Path(a.out) / 'results.csv'}, {Path(a.out) / 'results.json'}; figure: {Path(a.out) / 'results.html'}")
+            fails = ", ".join(f"{r[f'failed_{o}']} {o}" for o in FAILURES if r.get(f"failed_{o}"))
+            first = "-" if r["median_first_generalized_epoch"] is None else f"{r['median_first_generalized_epoch']:g}"
+            print(f"{r['cell']:<{width}} {r['runs']:>5} {r['generalized']:>4} {rate:>6}  {ci:<15} {first:>10}  {fails}")
+        print(f"tables: {Path(a.out) / 'results.csv'}, {Path(a.out) / 'results_runs.csv'}, {Path(a.out) / 'results.json'}; "
+              f"figure: {Path(a.out) / 'results.html'}")
     return {"out": a.out, "cells": rows}
 
 
@@ -405,9 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="a run directory, one checkpoint, or a folder of safetensors shards")
     p.add_argument("--mode", choices=["robust", "weightwatcher"], default="robust")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-shuffles", type=int, default=1)
+    p.add_argument("--n-shuffles", type=_at_least_one, default=1, help="shuffles per matrix, reported with their spread (default 1)")
     p.add_argument("--jsd", action="store_true", help="also run the trap-replacement JSD ablation")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=_at_least_one, default=2, help="processes (default 2)")
     p.add_argument("--executor", choices=["local", "ray"], default="local")
     p.set_defaults(func=cmd_traps)
 
@@ -418,9 +455,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ratios", type=_list(float), default=[0.5, 0.9], help="comma list of r (default 0.5,0.9)")
     p.add_argument("--seeds", type=_seeds, default=list(range(8)), help="0-31 or 0,3,5 (default 0-7)")
     p.add_argument("--weight-decay", type=_list(float), default=[0.1], help="comma list (default 0.1)")
-    for flag, kind in (("--label", str), ("--shortcut", str), ("--seq-len", int), ("--n-values", int), ("--n-train", int), ("--n-val", int),
-                       ("--n-adv", int), ("--data-seed", int), ("--epochs", int), ("--lr", float), ("--batch-size", int), ("--eval-every", int),
-                       ("--ckpt-density", int)):
+    p.add_argument("--seq-len", type=_list(int), default=None, help="comma list of values per sequence (default 5)")
+    p.add_argument("--n-values", type=_list(int), default=None, help="comma list: values are 0..n-1 (default 16)")
+    p.add_argument("--batch-size", type=_list(_batch_size), default=None, help="comma list; full (or 0) = the whole train split (default 512)")
+    p.add_argument("--lr", type=_list(float), default=None, help="comma list of AdamW learning rates (default 1e-3)")
+    for flag, kind in (("--label", str), ("--shortcut", str), ("--n-train", int), ("--n-val", int),
+                       ("--n-adv", int), ("--data-seed", int), ("--epochs", int), ("--eval-every", int), ("--ckpt-density", int)):
         p.add_argument(flag, type=kind, default=None, help="as for lenslab train")
     p.add_argument("--out", required=True, help="sweep folder: OUT/sweep.json, OUT/<cell>/seed_<s>/, OUT/results.*")
     p.add_argument("--executor", choices=["local", "ray"], default="local")

@@ -3,9 +3,11 @@
     configs = [mpsp_run_config(ratio=0.9, seed=s) for s in range(8)]
     summaries = train_ensemble(configs, [f"runs/r09/seed_{s}" for s in range(8)])
 
-Members share the architecture and the batch/epoch schedule; they may differ in the model
-seed (init and data order), the task's ratio and data seed, the learning rate and the weight
-decay. Member ``e`` does exactly what ``training.trainer.train(configs[e], outs[e])`` does: the
+Members share the architecture, the dtype and the batch/epoch/evaluation schedule; they may
+differ in the model seed (init and data order), the task's ratio (MPSP) and data seed, the
+learning rate and the weight decay. Both tasks: MPSP (pre-LN) and modular addition (no
+LayerNorm, full batch). Members with different train-split sizes (modadd train fractions)
+cannot share a stack: train them in separate ensembles. Member ``e`` does exactly what ``training.trainer.train(configs[e], outs[e])`` does: the
 same init (``build_model(seed)``), the same batches (``epoch_generator(seed, epoch)``), AdamW
 with the same update, the same evaluations, gradient probes, checkpoints, resume state and
 summary, written in the same formats. Only the arithmetic is batched (``training.stacked``),
@@ -53,17 +55,19 @@ from training.runio import (
 from training.stacked import StackedTransformer, check_supported
 from training.stacked_adamw import StackedAdamW
 from training.trainer import (
+    EvalSchedule,
     Interrupted,
     _load_resume,
     _postfix,
     _prepare_dir,
     _sigint_flag,
     _summarize,
+    check_dtype_device,
     deterministic_algorithms,
     epoch_generator,
     evaluate,
-    is_checkpoint_epoch,
     make_splits,
+    norm_diagnostics,
     resolve_device,
 )
 
@@ -72,8 +76,8 @@ from training.trainer import (
 # (sweep --workers, the default): E = 4 was best, 3.2x.
 DEFAULT_ENSEMBLE = 8
 SWEEP_ENSEMBLE = 4
-SHARED_TRAIN = ("epochs", "betas", "batch_size", "eval_every", "ckpt_density", "grad_probe_size")
-PER_MEMBER = "the model seed, the task's ratio and data seed, lr and weight_decay"
+SHARED_TRAIN = ("epochs", "betas", "batch_size", "eval_every", "ckpt_density", "grad_probe_size", "dtype", "eval_schedule", "n_evals")
+PER_MEMBER = "the model seed, the task's ratio and data seed, lr and weight_decay (dtype and schedules are shared)"
 
 
 def check_ensemble(configs: list[dict]) -> None:
@@ -106,13 +110,19 @@ def ensemble_step(
     labels: Int[Tensor, "E n"],
     idx: Int[Tensor, "E batch"],
     active: list[bool] | None = None,
+    grads_out: list[Tensor] | None = None,
 ) -> Float[Tensor, E]:
-    """One AdamW step of every member on its own rows ``idx`` of its train split; returns the losses."""
+    """One AdamW step of every member on its own rows ``idx`` of its train split; returns the losses.
+
+    ``grads_out``, a list, is refilled with this step's stacked gradients (for ``grad_norm``)."""
     batch = torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, tokens.shape[2]))
     y = torch.gather(labels, 1, idx)
     logits = ens(batch)
     loss_e = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(idx.shape[0], -1).mean(1)
-    opt.step(list(torch.autograd.grad(loss_e.sum(), list(ens.params))), active)
+    grads = list(torch.autograd.grad(loss_e.sum(), list(ens.params)))
+    opt.step(grads, active)
+    if grads_out is not None:
+        grads_out[:] = grads
     return loss_e.detach()
 
 
@@ -160,6 +170,7 @@ def train_ensemble(
     if len({p.resolve() for p in paths}) != len(paths):
         raise ConfigError("two ensemble members write to the same directory: give each its own --out")
     dev = resolve_device(device)
+    check_dtype_device(configs[0]["train"]["dtype"], dev)
     members = [_Member(c, p, _prepare_dir(p, c, resume)) for c, p in zip(configs, paths)]
     cache: dict[str, dict] = {}
     for m in members:  # bad sizes fail before anything is written
@@ -181,7 +192,7 @@ def train_ensemble(
                 m.splits = load_run_splits(m.out, mk)
             else:
                 save_splits(m.out, m.splits)
-            model = build_model(mk, seed=m.config["train"]["seed"], device=str(dev))
+            model = build_model(mk, seed=m.config["train"]["seed"], device=str(dev), dtype=m.config["train"]["dtype"])
             opt = torch.optim.AdamW(model.parameters(), lr=m.config["train"]["lr"])
             start = _load_resume(m.out, model, opt) if m.resuming else None
             if start is not None and start > t0["epochs"]:
@@ -217,7 +228,9 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
         m.env, note = carry_environment(m.out, env, m.epoch)
         if note is not None:
             print(note, file=sys.stderr)
-    epochs, eval_every, bs_cfg = t["epochs"], t["eval_every"], t["batch_size"]
+    epochs, bs_cfg = t["epochs"], t["batch_size"]
+    schedule = EvalSchedule.of(t)
+    last_grads: list[Tensor] = []  # the last step's stacked gradients, for each member's grad_norm
     E = len(members)
     tokens = torch.stack([m.splits["train_tokens"] for m in members]).to(dev)  # [E, n, pos]
     labels = torch.stack([m.splits["train_labels"] for m in members]).to(dev)  # [E, n]
@@ -231,12 +244,13 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
     def do_eval(e: int) -> None:
         m = members[e]
         template.load_state_dict(ens.member_state_dict(e))
-        row = {"epoch": m.epoch, **evaluate(template, dev_splits[e], dev)}
+        grads = [g[e] for g in last_grads] if last_grads else None
+        row = {"epoch": m.epoch, **evaluate(template, dev_splits[e], dev), **norm_diagnostics(list(template.named_parameters()), grads)}
         if consistent[e] is not None:
             row.update(gradient_dynamics(template, dev_splits[e]["train_tokens"], dev_splits[e]["train_labels"], consistent[e], t["grad_probe_size"]))
         m.rows.append(row)
         append_jsonl(m.out / "metrics.jsonl", row)
-        if is_checkpoint_epoch(m.epoch, eval_every, t["ckpt_density"]) or m.epoch == epochs:
+        if schedule.checkpoints(m.epoch):
             save_checkpoint(m.out, m.epoch, template, m.config["model"])
         save_resume(e)
         atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "running", m.env))
@@ -257,16 +271,16 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
     try:
         with _sigint_flag() as sigint, deterministic_algorithms():
             for e, m in enumerate(members):
-                if m.epoch % eval_every == 0 and (not m.rows or m.rows[-1]["epoch"] != m.epoch):
+                if schedule.evaluates(m.epoch) and (not m.rows or m.rows[-1]["epoch"] != m.epoch):
                     do_eval(e)  # epoch 0, or an evaluation a kill cut off
             while any(running(m) for m in members):
                 active = [running(m) for m in members]
                 perm = torch.stack(
                     [torch.randperm(n, generator=epoch_generator(m.config["train"]["seed"], m.epoch + 1)) if a else torch.arange(n) for m, a in zip(members, active)]
                 ).to(dev)
-                loss_sum = torch.zeros(E, device=dev)
+                loss_sum = torch.zeros(E, device=dev, dtype=ens.params[0].dtype)
                 for s in range(0, n, bs):
-                    loss_sum += ensemble_step(ens, opt, tokens, labels, perm[:, s : s + bs], active)
+                    loss_sum += ensemble_step(ens, opt, tokens, labels, perm[:, s : s + bs], active, last_grads)
                 finite = torch.isfinite(loss_sum).tolist()
                 for e, m in enumerate(members):
                     if not active[e]:
@@ -277,7 +291,7 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
                         last = m.rows[-1]["epoch"] if m.rows else 0
                         m.summary = _summarize(m.config, m.rows, last, "diverged", m.env)
                         atomic_write_json(m.out / "summary.json", m.summary)
-                    elif m.epoch % eval_every == 0 or m.epoch == epochs:
+                    elif schedule.evaluates(m.epoch):
                         do_eval(e)
                 new_low = min(m.epoch for m in members if m.diverged_at is None) if any(m.diverged_at is None for m in members) else epochs
                 bar.update(new_low - low)

@@ -28,6 +28,8 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from tasks import ModAddTask, MPSPTask
 from training.errors import ConfigError
 
+DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the precisions lenslab trains in (training.config.DTYPES)
+
 
 def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
@@ -89,8 +91,15 @@ def hooked_config(model_kwargs: dict, device: str | None = None) -> HookedTransf
     return HookedTransformerConfig(**kwargs)
 
 
-def build_model(model_kwargs: dict, seed: int | None = None, device: str | None = None) -> HookedTransformer:
-    """A fresh ``HookedTransformer``; with ``seed`` its init is reproducible and global RNGs are untouched."""
+def build_model(
+    model_kwargs: dict, seed: int | None = None, device: str | None = None, dtype: str | torch.dtype | None = None
+) -> HookedTransformer:
+    """A fresh ``HookedTransformer``; with ``seed`` its init is reproducible and global RNGs are untouched.
+
+    ``dtype`` ("float32" | "float64" or a torch dtype; default float32): the model is drawn in
+    float32 and then cast (TransformerLens's ``.to``, which also sets ``cfg.dtype``), so a
+    float64 model starts from exactly the float32 model's weights of the same seed.
+    """
     cfg = hooked_config(model_kwargs, device)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
@@ -100,4 +109,10 @@ def build_model(model_kwargs: dict, seed: int | None = None, device: str | None 
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 model = HookedTransformer(cfg)
+    if dtype is not None:
+        want = DTYPES.get(dtype) if isinstance(dtype, str) else dtype
+        if want is None:
+            raise ConfigError(f"dtype={dtype!r} is not supported: use one of {', '.join(DTYPES)}")
+        if want != model.cfg.dtype:
+            model = model.to(want, print_details=False)
     return model

@@ -18,6 +18,7 @@ import torch
 from transformer_lens import HookedTransformer
 
 from tasks import ModAddTask, MPSPTask
+from training.config import torch_dtype
 from training.errors import RunError
 from training.presets import build_model
 from training.runio import (
@@ -112,10 +113,15 @@ class Run:
         return [e for e, _ in self.checkpoints()]
 
     # -- models ----------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        """The precision the run trained (and checkpointed) in: ``config["train"]["dtype"]``."""
+        return torch_dtype(self.config["train"])
+
     def new_model(self, device: str = "cpu") -> HookedTransformer:
-        """A fresh model of this run's architecture. CPU by default (not TL's "cuda when available"):
-        the analysis tools build their inputs on the CPU; pass ``device="cuda"`` to move it."""
-        return build_model(self.config["model"], seed=0, device=device)
+        """A fresh model of this run's architecture, in the run's dtype. CPU by default (not TL's
+        "cuda when available"): the analysis tools build their inputs on the CPU; pass ``device="cuda"`` to move it."""
+        return build_model(self.config["model"], seed=0, device=device, dtype=self.dtype)
 
     def checkpoint_file(self, epoch: int | None = None) -> Path:
         """The checkpoint file of ``epoch`` (default: the focused or the last checkpoint)."""

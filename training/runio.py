@@ -314,7 +314,11 @@ def _known_blocks(task_name: str) -> tuple[set[str], set[str]]:
 
 
 def check_config(cfg: Any, where: str = "config.json") -> dict:
-    """Schema check of a whole run config (fields, types, bounds) before anything is built."""
+    """Schema check of a whole run config (fields, types, bounds) before anything is built.
+
+    Train settings added after a run was written (``training.config.LEGACY_TRAIN``: dtype,
+    eval_schedule, n_evals) are filled in, in place, with the values that run trained with.
+    """
     from tasks.errors import LenslabError
     from training.config import check_train
     from training.run import task_from_config
@@ -335,6 +339,10 @@ def check_config(cfg: Any, where: str = "config.json") -> dict:
     name = cfg["task"].get("name")
     if name not in ("mpsp", "modadd"):
         raise RunError(f"{where}: task.name={name!r} must be 'mpsp' or 'modadd'")
+    from training.config import LEGACY_TRAIN
+
+    for key, value in LEGACY_TRAIN.items():  # a run written before the key existed trained with this value
+        cfg["train"].setdefault(key, value)
     for block, known in zip(("task", "train"), _known_blocks(name)):
         missing, extra = sorted(known - set(cfg[block])), sorted(set(cfg[block]) - known)
         if missing or extra:
@@ -428,7 +436,10 @@ def check_layout(layout: Layout, model: torch.nn.Module, where: str) -> None:
         if shape != tuple(v.shape):
             raise RunError(f"{where}: {k} has shape {shape}, the config expects {tuple(v.shape)}: a checkpoint from a different config")
         if dtype != DTYPE_NAMES.get(v.dtype):
-            raise RunError(f"{where}: {k} has dtype {dtype}, expected {DTYPE_NAMES.get(v.dtype, v.dtype)}")
+            raise RunError(
+                f"{where}: {k} has dtype {dtype}, expected {DTYPE_NAMES.get(v.dtype, v.dtype)}"
+                + (" (the run's config.json train.dtype); the checkpoint was written in another precision" if v.dtype.is_floating_point else "")
+            )
 
 
 def check_state_dict(state: dict[str, torch.Tensor], model: torch.nn.Module, where: str) -> None:
@@ -439,8 +450,13 @@ def check_state_dict(state: dict[str, torch.Tensor], model: torch.nn.Module, whe
             raise RunError(f"{where}: {name} contains NaN or inf")
 
 
-def load_checkpoint_into(model: torch.nn.Module, path: str | Path, model_kwargs: dict | None = None) -> dict[str, str]:
-    """Load a model checkpoint into ``model`` after checking it (layout before reading any data); returns its metadata."""
+def load_checkpoint_into(model: torch.nn.Module, path: str | Path, model_kwargs: dict | None = None, cast: bool = False) -> dict[str, str]:
+    """Load a model checkpoint into ``model`` after checking it (layout before reading any data); returns its metadata.
+
+    The checkpoint's float tensors must have ``model``'s dtype (build the model with the run's
+    ``train.dtype``); ``cast=True`` converts them instead (a run started from another run's
+    weights in another precision, ``with_init``).
+    """
     layout, meta = read_header(path)
     fmt = meta.get("format")
     if fmt not in (CKPT_FORMAT, RESUME_FORMAT, None):
@@ -448,9 +464,17 @@ def load_checkpoint_into(model: torch.nn.Module, path: str | Path, model_kwargs:
     if model_kwargs is not None and meta.get("model_hash") not in (None, model_hash(model_kwargs)):
         raise RunError(f"{path}: checkpoint was written for a different model config (hash {meta['model_hash']} != {model_hash(model_kwargs)})")
     prefix = "model." if fmt == RESUME_FORMAT else ""
-    check_layout({k[len(prefix) :]: v for k, v in layout.items() if k.startswith(prefix)}, model, str(path))
+    layout = {k[len(prefix) :]: v for k, v in layout.items() if k.startswith(prefix)}
+    want = {k: DTYPE_NAMES.get(v.dtype) for k, v in model.state_dict().items()}
+    floats = {n for d, n in DTYPE_NAMES.items() if d.is_floating_point}
+    if cast:
+        layout = {k: (want[k] if k in want and d in floats and want[k] in floats else d, shape) for k, (d, shape) in layout.items()}
+    check_layout(layout, model, str(path))
     tensors, _ = read_safetensors(path)
     tensors = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+    if cast:
+        expected = model.state_dict()
+        tensors = {k: v.to(expected[k].dtype) if v.dtype.is_floating_point else v for k, v in tensors.items()}
     check_state_dict(tensors, model, str(path))
     model.load_state_dict(tensors, strict=True)
     return meta

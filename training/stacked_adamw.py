@@ -45,8 +45,8 @@ class StackedAdamW:
         for e in range(E):
             if act[e]:
                 self.steps[e] += 1
-        # Per-member scalars computed in float64 (as torch does in Python), applied in float32,
-        # built once per step and viewed per parameter shape.
+        # Per-member scalars computed in float64 (as torch does in Python), applied in the
+        # parameters' dtype (float32 or float64), built once per step and viewed per parameter shape.
         like = self.params[0]
         per = torch.tensor(
             [[1.0 - self.lr[e] * self.wd[e] for e in range(E)],

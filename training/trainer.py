@@ -13,6 +13,21 @@ for MPSP also on the train split's consistent / anti-shortcut groups, plus the g
 probes of ``training.gradients``. Checkpoints: every evaluation for the first
 ``ckpt_density`` evaluations, then every 2nd for the next ``ckpt_density``, every 4th, ...
 (dense early, sparse late, independent of the epoch budget), plus the last epoch.
+With ``eval_schedule="log"``: evaluation and a checkpoint at every epoch of
+``training.config.log_schedule(epochs, n_evals)``. The schedule is a function of the *target*
+``epochs``: a run resumed with a larger ``--epochs`` keeps the evaluations and checkpoints it
+has and follows the new target's schedule after the epoch it resumes from.
+
+Collapse diagnostics in every metrics row (``collapse_diagnostics``, ``norm_diagnostics``):
+``train_max_abs_logit``, ``train_zero_loss_frac`` (train examples whose loss is exactly 0 in
+the run's dtype), both from the evaluation's forward pass over the train split;
+``weight_norm`` (all parameters) and ``weight_norms`` (each parameter's Frobenius norm, by TL
+name); ``grad_norm``: the norm of the gradient of the **last training step** (free: no extra
+pass; with full batch, as in modular addition, that is the gradient of the full train loss at
+the weights before that step), None where no step preceded the evaluation (epoch 0).
+
+``dtype`` float64: weights, AdamW moments, arithmetic, checkpoints and resume state are all
+float64 (``training.presets.build_model``); resume is bitwise there too.
 """
 
 from __future__ import annotations
@@ -22,15 +37,17 @@ import signal
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
 from tasks import make_modadd_splits, make_mpsp_splits
-from training.config import check_train, comparable
+from training.config import check_train, comparable, log_schedule, torch_dtype
 from training.errors import ConfigError, RunError, TrainingDiverged
 from training.gradients import gradient_dynamics, readout_logits
 from training.presets import build_model
@@ -80,6 +97,43 @@ def is_checkpoint_epoch(epoch: int, eval_every: int, density: int) -> bool:
     return i % stride == 0
 
 
+@dataclass(frozen=True)
+class EvalSchedule:
+    """When a run evaluates and checkpoints (see the module docstring), from its train settings."""
+
+    epochs: int
+    every: int
+    density: int
+    log_epochs: frozenset[int] | None  # None: the linear schedule
+
+    @classmethod
+    def of(cls, t: dict) -> EvalSchedule:
+        log = frozenset(log_schedule(t["epochs"], t["n_evals"])) if t.get("eval_schedule", "linear") == "log" else None
+        return cls(t["epochs"], t["eval_every"], t["ckpt_density"], log)
+
+    def evaluates(self, epoch: int) -> bool:
+        if epoch == self.epochs:
+            return True
+        return epoch in self.log_epochs if self.log_epochs is not None else epoch % self.every == 0
+
+    def checkpoints(self, epoch: int) -> bool:
+        """Only on evaluation epochs: every one (log), or the dense-early, sparse-late rule plus the last (linear)."""
+        if not self.evaluates(epoch):
+            return False
+        return self.log_epochs is not None or epoch == self.epochs or is_checkpoint_epoch(epoch, self.every, self.density)
+
+
+def check_dtype_device(dtype: str, dev: torch.device) -> None:
+    """Refuse, in one line, a precision the device cannot compute in (float64 on MPS, for one)."""
+    want = torch_dtype({"dtype": dtype})
+    try:
+        x = torch.ones(2, 2, dtype=want, device=dev)
+        (x @ x).sum().item()
+    except (RuntimeError, TypeError) as e:
+        msg = (str(e).splitlines()[0].split(". ")[0][:160]) if str(e) else type(e).__name__  # the cause, not the backend list
+        raise ConfigError(f"--dtype {dtype}: device {dev} cannot compute in {dtype} ({msg}); use --dtype float32 or --device cpu") from None
+
+
 def resolve_device(device: str | None) -> torch.device:
     """``device`` (default: cuda when available), checked before any work: a bad name is one ConfigError line."""
     if device is None:
@@ -107,7 +161,8 @@ def make_splits(config: dict) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def evaluate(model: HookedTransformer, splits: dict[str, torch.Tensor], device: torch.device) -> dict:
-    """Loss and accuracy on every split (and the MPSP train groups)."""
+    """Loss and accuracy on every split (and the MPSP train groups), in the model's dtype (float32 at
+    least), plus the train split's ``collapse_diagnostics`` from the same forward pass."""
     was_training = model.training
     model.eval()
     out: dict = {}
@@ -116,21 +171,42 @@ def evaluate(model: HookedTransformer, splits: dict[str, torch.Tensor], device: 
         if name == "counterfactual":
             continue
         tokens, labels = splits[f"{name}_tokens"], splits[f"{name}_labels"]
-        losses, correct = [], []
+        losses, correct, max_logit = [], [], []
         for s in range(0, len(tokens), EVAL_CHUNK):
-            logits = readout_logits(model, tokens[s : s + EVAL_CHUNK].to(device)).float()
+            logits = readout_logits(model, tokens[s : s + EVAL_CHUNK].to(device))
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
             y = labels[s : s + EVAL_CHUNK].to(device)
             losses.append(F.cross_entropy(logits, y, reduction="none").cpu())
             correct.append((logits.argmax(-1) == y).cpu())
+            max_logit.append(logits.abs().max().cpu())
         loss, hit = torch.cat(losses), torch.cat(correct)
         out[f"{name}_loss"] = float(loss.mean())
         out[f"{name}_acc"] = float(hit.float().mean())
+        if name == "train":
+            out.update(collapse_diagnostics(loss, torch.stack(max_logit).max()))
         if name == "train" and "train_shortcut" in splits:
             consistent = splits["train_labels"] == splits["train_shortcut"]
             for group, mask in (("consistent", consistent), ("anti", ~consistent)):
                 out[f"train_{group}_acc"] = float(hit[mask].float().mean()) if mask.any() else None
                 out[f"train_{group}_loss"] = float(loss[mask].mean()) if mask.any() else None
     model.train(was_training)
+    return out
+
+
+def collapse_diagnostics(train_losses: Tensor, max_abs_logit: Tensor) -> dict:
+    """Softmax-collapse signs on the train split: the largest |logit| and the share of examples
+    whose cross-entropy is exactly 0 in the run's dtype (they no longer send any gradient)."""
+    return {"train_max_abs_logit": float(max_abs_logit), "train_zero_loss_frac": float((train_losses == 0).double().mean())}
+
+
+def norm_diagnostics(named_params: list[tuple[str, Tensor]], grads: list[Tensor | None] | None) -> dict:
+    """``weight_norm`` over all parameters, ``weight_norms`` (each one's Frobenius norm by name) and
+    ``grad_norm`` of ``grads`` (the last step's; None without one), computed in the run's dtype."""
+    with torch.no_grad():
+        sq = [p.detach().pow(2).sum() for _, p in named_params]
+        out: dict = {"weight_norm": float(torch.stack(sq).sum().sqrt()), "weight_norms": {n: float(v.sqrt()) for (n, _), v in zip(named_params, sq)}}
+        present = [g for g in grads or [] if g is not None]
+        out["grad_norm"] = float(torch.stack([g.pow(2).sum() for g in present]).sum().sqrt()) if present else None
     return out
 
 
@@ -154,6 +230,13 @@ def _load_resume(run_dir: Path, model: HookedTransformer, opt: torch.optim.Optim
     if meta.get("format") != RESUME_FORMAT or not str(meta.get("epoch", "")).isdigit():
         raise RunError(f"{path}: not a lenslab resume state")
     state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+    want = next(model.parameters()).dtype
+    found = sorted({str(v.dtype).removeprefix("torch.") for v in state.values() if v.dtype.is_floating_point})
+    if found and found != [str(want).removeprefix("torch.")]:
+        raise RunError(
+            f"{path}: the resume state is {', '.join(found)} but the run's config says train.dtype {str(want).removeprefix('torch.')}; "
+            "refusing to resume in another precision (start a new run, e.g. with --init-from)"
+        )
     check_state_dict(state, model, str(path))
     model.load_state_dict(state)
     sd = opt.state_dict()
@@ -277,6 +360,7 @@ def train(
     out = Path(out)
     t = config["train"]
     dev = resolve_device(device)
+    check_dtype_device(t["dtype"], dev)
     resuming = _prepare_dir(out, config, resume)
     has_resume_state = resuming and (out / "checkpoints" / "resume.safetensors").is_file()
     init_path = None if has_resume_state else check_init_source(config)  # a resume never re-reads the source
@@ -288,7 +372,7 @@ def train(
             splits = load_run_splits(out, m)
         else:
             save_splits(out, splits)
-        model = build_model(config["model"], seed=t["seed"], device=str(dev))
+        model = build_model(config["model"], seed=t["seed"], device=str(dev), dtype=t["dtype"])
         opt = _optimizer(model, t)
         start = _load_resume(out, model, opt) if resuming else None
         if start is not None and start > t["epochs"]:
@@ -301,7 +385,7 @@ def train(
             for _, p in list_checkpoints(out):
                 p.unlink()
             if init_path is not None:  # another run's weights instead of the seed's init; AdamW starts fresh
-                load_checkpoint_into(model, init_path, config["model"])
+                load_checkpoint_into(model, init_path, config["model"], cast=True)  # the source may be in another dtype
         rows = [r for r in rows if r["epoch"] <= start]
         rewrite_jsonl(out / "metrics.jsonl", rows)
         return _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval)
@@ -312,7 +396,8 @@ def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) 
     env, note = carry_environment(out, run_environment(dev), start)
     if note is not None:
         print(note, file=sys.stderr)
-    epochs, eval_every, seed = t["epochs"], t["eval_every"], t["seed"]
+    epochs, seed = t["epochs"], t["seed"]
+    schedule = EvalSchedule.of(t)
     tokens = splits["train_tokens"].to(dev)
     labels = splits["train_labels"].to(dev)
     consistent = (splits["train_labels"] == splits["train_shortcut"]) if "train_shortcut" in splits else None
@@ -321,12 +406,13 @@ def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) 
     dev_splits = {k: v.to(dev) for k, v in splits.items()}
 
     def do_eval(epoch: int) -> None:
-        row = {"epoch": epoch, **evaluate(model, dev_splits, dev)}
+        params = list(model.named_parameters())
+        row = {"epoch": epoch, **evaluate(model, dev_splits, dev), **norm_diagnostics(params, [p.grad for _, p in params])}
         if consistent is not None:
             row.update(gradient_dynamics(model, tokens, labels, consistent.to(dev), t["grad_probe_size"]))
         rows.append(row)
         append_jsonl(out / "metrics.jsonl", row)
-        if is_checkpoint_epoch(epoch, eval_every, t["ckpt_density"]) or epoch == epochs:
+        if schedule.checkpoints(epoch):
             save_checkpoint(out, epoch, model, config["model"])
         _save_resume(out, epoch, model, opt)
         atomic_write_json(out / "summary.json", _summarize(config, rows, epoch, "running", env))
@@ -338,11 +424,11 @@ def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) 
     model.train()
     try:
         with _sigint_flag() as sigint, deterministic_algorithms():
-            if start % eval_every == 0 and (not rows or rows[-1]["epoch"] != start):
+            if schedule.evaluates(start) and (not rows or rows[-1]["epoch"] != start):
                 do_eval(start)  # epoch 0, or an evaluation a kill cut off
             for epoch in range(start + 1, epochs + 1):
                 perm = torch.randperm(n, generator=epoch_generator(seed, epoch)).to(dev)
-                loss_sum = torch.zeros((), device=dev)
+                loss_sum = torch.zeros((), device=dev, dtype=torch_dtype(t))
                 for s in range(0, n, bs):
                     idx = perm[s : s + bs]
                     loss = F.cross_entropy(readout_logits(model, tokens[idx]), labels[idx])
@@ -358,7 +444,7 @@ def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) 
                         f"in {out}/checkpoints: lower --lr and start a new run"
                     )
                 bar.update(1)
-                if epoch % eval_every == 0 or epoch == epochs:
+                if schedule.evaluates(epoch):
                     do_eval(epoch)
                 if sigint["hit"] and epoch < epochs:
                     if rows[-1]["epoch"] != epoch:

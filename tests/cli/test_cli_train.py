@@ -36,6 +36,9 @@ def run_cli(capsys, *argv):
         (["--epochs", "-2"], "epochs=-2"),
         (["--label", "sum7"], "unknown label"),
         (["--p", "7"], "modadd flag"),
+        (["--dtype", "float16"], "invalid choice: 'float16'"),
+        (["--dtype", "float16"], "float64"),  # the line names the choices
+        (["--eval-schedule", "log", "--n-evals", "0"], "n_evals=0"),
     ],
 )
 def test_bad_train_input_is_one_line(capsys, tmp_path, argv, needle):
@@ -111,3 +114,32 @@ def test_traps_and_inspect_commands(capsys, tmp_path):
     assert rc == 2 and len(err.strip().splitlines()) == 1
     rc, out, err = run_cli(capsys, "inspect", str(tmp_path))
     assert rc == 2 and "not a lenslab run directory" in err and "Traceback" not in err
+
+
+def test_train_float64_log_schedule_and_resume_refusals(capsys, tmp_path):
+    from training.config import log_schedule
+    from training.run import Run
+
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", *TINY, "--epochs", "12", "--dtype", "float64", "--eval-schedule", "log", "--n-evals", "4",
+                           "--out", str(run), "--json")
+    assert rc == 0, err
+    r = Run.open(run)
+    assert r.config["train"]["dtype"] == "float64" and r.config["train"]["eval_schedule"] == "log"
+    assert r.epochs() == log_schedule(12, 4) and [m["epoch"] for m in r.metrics] == log_schedule(12, 4)
+    assert {"train_max_abs_logit", "train_zero_loss_frac", "weight_norm", "weight_norms", "grad_norm"} <= set(r.metrics[-1])
+    rc, _, err = run_cli(capsys, "train", "--out", str(run), "--resume", "--dtype", "float32", "--epochs", "20")
+    assert rc == 2 and "--dtype float32 differs from the run's train.dtype='float64'" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_train_modadd_seeds_with_weight_decay(capsys, tmp_path):
+    root = tmp_path / "seeds"
+    rc, out, err = run_cli(capsys, "train", "--task", "modadd", "--p", "11", "--train-frac", "0.5", "--seeds", "0-1", "--weight-decay", "0",
+                           "--epochs", "2", "--eval-every", "1", "--dtype", "float64", "--out", str(root), "--json", "--no-progress")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert sorted(doc["runs"]) == [str(root / "seed_0"), str(root / "seed_1")]
+    for s in (0, 1):
+        cfg = json.loads((root / f"seed_{s}" / "config.json").read_text())
+        assert cfg["train"]["seed"] == s and cfg["train"]["weight_decay"] == 0 and cfg["train"]["dtype"] == "float64"
