@@ -353,7 +353,7 @@ def _list(kind):
     return parse
 
 
-SWEEP_SETTINGS = ("label", "shortcut", "n_train", "n_val", "n_adv", "data_seed", "epochs", "eval_every", "ckpt_density")
+SWEEP_SETTINGS = ("label", "shortcut", "n_train", "n_val", "n_adv", "data_seed", "epochs", "eval_every", "ckpt_density", "dtype")
 
 
 def _batch_size(text: str) -> int:
@@ -462,6 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, kind in (("--label", str), ("--shortcut", str), ("--n-train", int), ("--n-val", int),
                        ("--n-adv", int), ("--data-seed", int), ("--epochs", int), ("--eval-every", int), ("--ckpt-density", int)):
         p.add_argument(flag, type=kind, default=None, help="as for lenslab train")
+    p.add_argument("--dtype", choices=["float32", "float64"], default=None, help="training precision of every run (default float32)")
     p.add_argument("--out", required=True, help="sweep folder: OUT/sweep.json, OUT/<cell>/seed_<s>/, OUT/results.*")
     p.add_argument("--executor", choices=["local", "ray"], default="local")
     p.add_argument("--workers", type=int, default=None, help="ensembles trained at once (local processes or Ray tasks; default: one per core on CPU, 1 on CUDA)")

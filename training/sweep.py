@@ -255,8 +255,12 @@ def run_job(root: str, job: list[dict], threads: int | None = None, device: str 
 
 
 def _without_epochs(config: dict) -> dict:
-    """Configs compare without the epoch budget: rerunning with a larger --epochs extends a member."""
-    return {**config, "train": {k: v for k, v in config["train"].items() if k != "epochs"}}
+    """Configs compare without the epoch budget (rerunning with a larger --epochs extends a member), and with
+    the train settings that older plans did not write filled in with the values they meant."""
+    from training.config import LEGACY_TRAIN
+
+    train = {**LEGACY_TRAIN, **config["train"]}
+    return {**config, "train": {k: v for k, v in train.items() if k != "epochs"}}
 
 
 def _merge_grids(old: dict, new: dict) -> dict:
@@ -286,8 +290,9 @@ def write_plan(plan: dict) -> dict:
             n = new_by_out.get(m.get("out"))
             if n is not None and _without_epochs(n["config"]) != _without_epochs(m["config"]):
                 t_old, t_new = m["config"], n["config"]
+                t_old, t_new = _without_epochs(t_old), _without_epochs(t_new)
                 diff = sorted(f"{blk}.{k}" for blk in ("task", "model", "train") for k in set(t_old[blk]) | set(t_new[blk])
-                              if k != "epochs" and t_old[blk].get(k) != t_new[blk].get(k))
+                              if t_old[blk].get(k) != t_new[blk].get(k))
                 raise RunError(
                     f"{root} holds a different sweep: its {m['out']} was planned with other settings ({', '.join(diff[:4])}); "
                     "rerun it with the same flags, or choose another --out"

@@ -181,3 +181,19 @@ def test_ray_executor_gives_the_local_results(tmp_path):
         for ra, rb in zip(a, b):
             assert ra["adv_acc"] == rb["adv_acc"] and ra["train_loss"] == pytest.approx(rb["train_loss"], abs=1e-6)
     assert json.loads((tmp_path / "ray" / "results.json").read_text())["cells"] == remote
+
+
+def test_a_plan_written_before_dtype_existed_still_grows(tmp_path):
+    from training.sweep import write_plan
+
+    root = tmp_path / "s"
+    write_plan(_plan(root, heads=[1], ratios=[0.9]))
+    stored = json.loads((root / "sweep.json").read_text())
+    for m in stored["members"]:  # what an older lenslab wrote: no dtype / eval_schedule / n_evals
+        for k in ("dtype", "eval_schedule", "n_evals"):
+            m["config"]["train"].pop(k)
+    (root / "sweep.json").write_text(json.dumps(stored))
+    merged = write_plan(_plan(root, heads=[1], ratios=[0.9, 0.5]))
+    assert len(merged["members"]) == 4
+    with pytest.raises(RunError, match="different sweep.*train.dtype"):
+        write_plan(_plan(root, heads=[1], ratios=[0.9], dtype="float64"))
