@@ -125,7 +125,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="start from this run's last checkpoint (or this checkpoint file) with a fresh AdamW, "
                         "e.g. to continue at another --weight-decay; flags not given are the source run's")
     p.add_argument("--seeds", type=_seeds, default=None, help="train these seeds at once (0-7 or 0,3,5) into OUT/seed_<s>/ with the ensemble engine")
-    p.add_argument("--ensemble-size", type=int, default=None, help="members per stacked ensemble with --seeds (default: training.ensemble.DEFAULT_ENSEMBLE)")
+    p.add_argument("--ensemble-size", type=int, default=None, help="members per stacked ensemble with --seeds (default: the fastest of 1, 2, 4, 8, 16, timed here on a few steps)")
 
 
 # flag -> where it lives in config.json (used to check flags given with --resume)
@@ -302,16 +302,15 @@ def _init_checkpoint(source: str) -> Path:
 
 def _train_seeds(a: argparse.Namespace, given: dict) -> dict:
     """``--seeds``: one run directory per seed under OUT, trained E at a time on stacked weights."""
-    from training.ensemble import DEFAULT_ENSEMBLE, train_ensemble
+    from training.ensemble import train_ensemble
 
     if "seed" in given:
         raise UserError("give either --seed or --seeds, not both")
     seeds = a.seeds
     if len(set(seeds)) != len(seeds):
         raise UserError(f"--seeds lists a seed twice ({a.seeds}); each seed gets one run directory")
-    size = a.ensemble_size or DEFAULT_ENSEMBLE
-    if size < 1:
-        raise UserError(f"--ensemble-size {size} must be >= 1")
+    if a.ensemble_size is not None and a.ensemble_size < 1:
+        raise UserError(f"--ensemble-size {a.ensemble_size} must be >= 1")
     if a.out:
         root = Path(a.out)
     elif a.resume:
@@ -326,6 +325,13 @@ def _train_seeds(a: argparse.Namespace, given: dict) -> dict:
             configs.append(_resume_config(out, given))
         else:
             configs.append(_config_from_args({**given, "seed": s}))
+    size = a.ensemble_size
+    if size is None:  # measured here, for this model and batch: the fastest size differs by machine
+        from training.calibrate import choose_ensemble_size
+        from training.trainer import resolve_device
+
+        size, rates = choose_ensemble_size(configs[0], len(seeds), resolve_device(a.device))
+        _log("ensemble size: " + ", ".join(f"E={E} {r:.1f}" for E, r in rates.items()) + f" seed-steps/s measured; using {size}")
     _log(f"training {len(seeds)} seeds into {root}/seed_<s>/, {size} at a time on stacked weights")
     summaries = []
     for i in range(0, len(seeds), size):

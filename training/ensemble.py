@@ -71,10 +71,9 @@ from training.trainer import (
     resolve_device,
 )
 
-# members per stack, from benchmarks/ensemble_speed.py on 2 cores (benchmarks/results_ensemble_speed_cpu.json):
-# one process (train --seeds): E = 8 was best, 2.6x the plain TL loop; one process per core
-# (sweep --workers, the default): E = 4 was best, 3.2x.
-DEFAULT_ENSEMBLE = 8
+# members per stack in a sweep, from benchmarks/ensemble_speed.py on 2 cores (benchmarks/results_ensemble_speed_cpu.json):
+# with one process per core (sweep --workers, the default) E = 4 was best, 3.2x the plain TL loop.
+# `lenslab train --seeds` measures the size instead (training/calibrate.py): it differs by machine.
 SWEEP_ENSEMBLE = 4
 SHARED_TRAIN = ("epochs", "betas", "batch_size", "eval_every", "ckpt_density", "grad_probe_size", "dtype", "eval_schedule", "n_evals")
 PER_MEMBER = "the model seed, the task's ratio and data seed, lr and weight_decay (dtype and schedules are shared)"

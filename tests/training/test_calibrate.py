@@ -1,0 +1,38 @@
+"""The ensemble size is chosen by measured speed: the fastest candidate wins, sizes above the seed count are never tried."""
+
+import torch
+from helpers import tiny_config
+
+from training.calibrate import choose_ensemble_size
+
+
+def test_the_fastest_size_per_seed_wins(monkeypatch):
+    import training.calibrate as cal
+
+    seconds_per_step = {1: 0.010, 2: 0.012, 4: 0.016, 8: 0.060}  # seed-steps/s: 100, 167, 250, 133
+    clock = {"t": 0.0}
+    made = []
+
+    def fake_stepper(config, E, device):
+        made.append(E)
+
+        def step():
+            clock["t"] += seconds_per_step[E]
+
+        return step
+
+    monkeypatch.setattr(cal, "_stepper", fake_stepper)
+    size, rates = choose_ensemble_size(tiny_config(), n_seeds=8, timer=lambda: clock["t"], steps=3)
+    assert size == 4
+    assert made == [1, 2, 4, 8]  # 16 > 8 seeds: not tried
+    for E, spp in seconds_per_step.items():  # seed-steps per second: E members x 1 / (seconds per step)
+        assert abs(rates[E] - E / spp) < 1e-6 * rates[E]
+
+
+def test_a_real_measurement_leaves_the_callers_rng_alone():
+    torch.manual_seed(123)
+    want = torch.rand(3)
+    torch.manual_seed(123)
+    size, rates = choose_ensemble_size(tiny_config(), n_seeds=2, steps=1, rounds=1)
+    assert torch.equal(torch.rand(3), want)
+    assert size in (1, 2) and set(rates) == {1, 2} and all(r > 0 for r in rates.values())
