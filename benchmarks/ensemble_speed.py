@@ -1,9 +1,9 @@
 """Seed-epochs per second on the 2L paper model: plain TransformerLens loop vs lenslab's trainers.
 
-    .venv/bin/python benchmarks/ensemble_speed.py [--sizes 1,4,8,16] [--epochs 1] [--device cpu]
+    .venv/bin/python benchmarks/ensemble_speed.py [--sizes 1,4,8,16] [--epochs 1] [--device cpu] [--seq-len 5] [--batch-size 512|full]
 
 All in one run, so the ratios compare like with like on a shared machine. Measured per loop:
-training steps only (batch 512, AdamW; seconds per epoch = per step x 32), no evaluation,
+training steps only (batch 512 unless --batch-size; seconds per epoch = per step x steps per epoch), no evaluation,
 timed round-robin over the loops and reported as the minimum of several rounds, so that load
 from other processes on a shared machine hits every loop alike. Loops:
 
@@ -96,17 +96,18 @@ def ensemble_stepper(cfg, splits, E, dev):
     return step, stack.flops_per_example()
 
 
-def paper_setup() -> tuple[dict, dict]:
-    """The 2L 2H paper model's run config (r = 0.9) and its splits."""
-    cfg = mpsp_run_config(ratio=0.9, layers=2, heads=2)
+def paper_setup(seq_len: int = 5, batch_size: int | None = 512) -> tuple[dict, dict]:
+    """The 2L 2H paper model's run config (r = 0.9) and its splits; batch_size None = full batch."""
+    cfg = mpsp_run_config(ratio=0.9, layers=2, heads=2, seq_len=seq_len)
+    cfg["train"]["batch_size"] = batch_size or cfg["task"]["n_train"]
     t = cfg["task"]
     return cfg, make_mpsp_splits(MPSPTask(seq_len=t["seq_len"], n_values=t["n_values"]), 0.9, t["n_train"], t["n_val"], t["n_adv"], 0)
 
 
-def _worker(conn, E: int, threads: int, device: str) -> None:
+def _worker(conn, E: int, threads: int, device: str, setup: tuple) -> None:
     """A process holding its own E-member ensemble; runs one step per message (``lenslab sweep --workers P``)."""
     torch.set_num_threads(threads)
-    cfg, splits = paper_setup()
+    cfg, splits = paper_setup(*setup)
     dev = torch.device(device)
     step, _ = ensemble_stepper(cfg, splits, E, dev)
     step()  # warm-up
@@ -117,7 +118,7 @@ def _worker(conn, E: int, threads: int, device: str) -> None:
         conn.send("done")
 
 
-def multiprocess_stepper(E: int, processes: int, dev):
+def multiprocess_stepper(E: int, processes: int, dev, setup: tuple):
     """One step of ``processes`` ensembles at once, each in its own process with cores/processes threads."""
     import multiprocessing as mp
 
@@ -126,7 +127,7 @@ def multiprocess_stepper(E: int, processes: int, dev):
     conns, procs = [], []
     for _ in range(processes):
         a, b = ctx.Pipe()
-        pr = ctx.Process(target=_worker, args=(b, E, threads, str(dev)), daemon=True)
+        pr = ctx.Process(target=_worker, args=(b, E, threads, str(dev), setup), daemon=True)
         pr.start()
         conns.append(a)
         procs.append(pr)
@@ -181,17 +182,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (the minimum is reported)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--skip-single", action="store_true", help="skip the single-seed trainer")
+    ap.add_argument("--seq-len", type=int, default=5, help="MPSP values per sequence (default 5)")
+    ap.add_argument("--batch-size", default="512", help="batch size, or full (default 512)")
     ap.add_argument("--processes", type=int, default=None, help="also time this many ensembles in parallel processes, as lenslab sweep --workers does (1: skip)")
     a = ap.parse_args()
     dev = torch.device(a.device)
     if a.processes is None:
         a.processes = 1 if dev.type == "cuda" else 2
-    cfg, splits = paper_setup()
+    setup = (a.seq_len, None if a.batch_size == "full" else int(a.batch_size))
+    cfg, splits = paper_setup(*setup)
     t = cfg["task"]
     sizes = [int(x) for x in a.sizes.split(",")]
     out: dict = {
         "device": str(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "model": "2L 2H d_model 64 d_mlp 128, seq_len 5 (n_ctx 6)", "n_train": t["n_train"], "batch_size": cfg["train"]["batch_size"],
+        "model": f"2L 2H d_model 64 d_mlp 128, seq_len {a.seq_len} (n_ctx {a.seq_len + 1})", "n_train": t["n_train"], "batch_size": cfg["train"]["batch_size"],
         "steps_per_round": a.steps, "rounds": a.repeats, "sgemm_2048_gflops": round(sgemm_gflops(dev), 1),
     }
     steppers = {"plain_tl": plain_tl_stepper(cfg, splits, dev)}
@@ -201,7 +205,7 @@ def main() -> None:
     closers = []
     if a.processes > 1:
         for E in sizes:
-            steppers[f"ensemble_{E}_x{a.processes}proc"], close, threads = multiprocess_stepper(E, a.processes, dev)
+            steppers[f"ensemble_{E}_x{a.processes}proc"], close, threads = multiprocess_stepper(E, a.processes, dev, setup)
             closers.append(close)
     per_step = interleaved(steppers, a.steps, a.repeats, dev)
     for close in closers:
