@@ -11,7 +11,7 @@ only needs the max *value*).
 
 Defaults: ``seq_len=5``, ``n_values=16``. The foundation issue guessed seq_len 8; on 2 CPU
 cores a 2L model at seq_len 8 learned only the shortcut within 240 epochs, while seq_len 5
-showed the paper's two-phase dynamics (see ``../shared/MEASURED.md`` and README).
+showed the paper's two-phase dynamics (``docs/PROBES.md``).
 """
 
 from __future__ import annotations

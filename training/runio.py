@@ -1,6 +1,6 @@
 """The run directory: atomic writes, safetensors checkpoints, config checks, a writer lock.
 
-Layout (the contract every tool reads; see ``../shared/DESIGN.md``)::
+Layout (the contract every tool reads; the README's "Run directory" section)::
 
     RUN/config.json          {"format", "lenslab_version", "task", "model", "train"[, "init"]}
     RUN/splits.safetensors   <split>_tokens / _labels / _shortcut (int64)

@@ -369,7 +369,7 @@ for direction, by_kind in grids.items():
 # transient generalization.
 #
 # **Cost on a CPU.** One epoch of the paper's 2L model on 16,384 examples takes about 1.6 s on
-# 2 cores (`../shared/MEASURED.md`), so 15,000 epochs is about 7 hours per seed. The 128-run
+# 2 cores (`docs/PROBES.md`), so 15,000 epochs is about 7 hours per seed. The 128-run
 # sweep above is a job for a GPU or a cluster. Set `LENSLAB_TUTORIAL_MODE=full` to run this
 # notebook at the paper's sizes (sequence length 5, 16,384 examples, 15,000 epochs).
 #
