@@ -77,6 +77,12 @@ def _seeds(text: str) -> list[int]:
 MAX_SEEDS = 10_000
 
 
+def _dtype(text: str) -> str:
+    if text not in ("float32", "float64"):
+        raise argparse.ArgumentTypeError(f"dtype {text!r}: choose float32 or float64")
+    return text
+
+
 def _at_least_one(text: str) -> int:
     """A count on the command line: an integer >= 1 (checked before any file is read)."""
     try:
@@ -359,7 +365,7 @@ def _list(kind):
     return parse
 
 
-SWEEP_SETTINGS = ("label", "shortcut", "n_train", "n_val", "n_adv", "data_seed", "epochs", "eval_every", "ckpt_density", "dtype")
+SWEEP_SETTINGS = ("label", "shortcut", "n_train", "n_val", "n_adv", "data_seed", "epochs", "eval_every", "ckpt_density", "dtype", "eval_schedule", "n_evals")
 
 
 def _batch_size(text: str) -> int:
@@ -375,11 +381,19 @@ def _batch_size(text: str) -> int:
 def cmd_sweep(a: argparse.Namespace) -> dict:
     from training.sweep import plan_sweep, run_sweep
 
-    if a.task != "mpsp":
-        raise UserError(f"--task {a.task}: sweeps are over MPSP cells (layers x heads x r); train modadd seeds with lenslab train --task modadd --seeds")
+    if a.task == "modadd":
+        return _sweep_modadd(a)
+    stray = [f for f, v in (("--p", a.p), ("--train-frac", a.train_frac)) if v is not None]
+    if stray:
+        raise UserError(f"{stray[0]} is a modadd flag; add --task modadd")
+    if a.dtype is not None and len(a.dtype) > 1:
+        raise UserError(f"--dtype {','.join(a.dtype)}: an MPSP sweep trains in one dtype (a list is for --task modadd)")
     settings = {k: getattr(a, k) for k in SWEEP_SETTINGS if getattr(a, k) is not None}
+    if "dtype" in settings:
+        settings["dtype"] = settings["dtype"][0]
     axes = {"seq_lens": a.seq_len, "n_values": a.n_values, "batch_sizes": a.batch_size, "lrs": a.lr}
-    plan = plan_sweep(a.out, a.layers, a.heads, a.ratios, a.seeds, a.weight_decay, ensemble_size=a.ensemble_size, **axes, **settings)
+    plan = plan_sweep(a.out, a.layers or [1, 2], a.heads or [1, 2], a.ratios or [0.5, 0.9], a.seeds, a.weight_decay or [0.1],
+                      ensemble_size=a.ensemble_size, **axes, **settings)
     g = plan["grid"]
     sizes = " x ".join(f"{len(g[k])} {k.replace('_', ' ')}" for k in g if k != "seeds" and (len(g[k]) > 1 or k in ("layers", "heads", "ratios")))
     _log(f"sweep: {len(plan['members'])} runs ({sizes} x {len(g['seeds'])} seeds) into {a.out}, executor {a.executor}")
@@ -397,6 +411,35 @@ def cmd_sweep(a: argparse.Namespace) -> dict:
             print(f"{r['cell']:<{width}} {r['runs']:>5} {r['generalized']:>4} {rate:>6}  {ci:<15} {first:>10}  {fails}")
         print(f"tables: {Path(a.out) / 'results.csv'}, {Path(a.out) / 'results_runs.csv'}, {Path(a.out) / 'results.json'}; "
               f"figure: {Path(a.out) / 'results.html'}")
+    return {"out": a.out, "cells": rows}
+
+
+def _sweep_modadd(a: argparse.Namespace) -> dict:
+    """``lenslab sweep --task modadd``: weight decays x train fractions x dtypes x seeds."""
+    from training.sweep import plan_modadd_sweep, run_sweep
+
+    stray = [f for f, v in (("--layers", a.layers), ("--heads", a.heads), ("--ratios", a.ratios), ("--seq-len", a.seq_len), ("--n-values", a.n_values),
+                            ("--batch-size", a.batch_size), ("--label", a.label), ("--shortcut", a.shortcut), ("--n-train", a.n_train))
+             if v is not None]
+    if stray:
+        raise UserError(f"{stray[0]} is an mpsp flag; a modadd sweep takes --p, --train-frac, --weight-decay, --dtype and --seeds")
+    if a.lr is not None and len(a.lr) > 1:
+        raise UserError("--lr: a modadd sweep takes one learning rate")
+    settings = {k: getattr(a, k) for k in ("epochs", "eval_every", "ckpt_density", "data_seed", "eval_schedule", "n_evals") if getattr(a, k) is not None}
+    if a.lr is not None:
+        settings["lr"] = a.lr[0]
+    plan = plan_modadd_sweep(a.out, a.weight_decay or [1.0], a.seeds, a.train_frac or [0.3], a.dtype or ["float32"], p=a.p if a.p is not None else 113,
+                             ensemble_size=a.ensemble_size, **settings)
+    _log(f"sweep: {len(plan['members'])} modular-addition runs into {a.out}, executor {a.executor}")
+    rows = run_sweep(plan, executor=a.executor, workers=a.workers, progress=not a.no_progress, device=a.device)
+    if not a.json:
+        width = max([24] + [len(r["cell"]) for r in rows])
+        print(f"{'cell':<{width}} {'runs':>5} {'grokked':>8} {'anti':>5} {'best test':>10} {'final test':>11}")
+        for r in rows:
+            best = "-" if r["median_test_acc_best"] is None else f"{r['median_test_acc_best']:.3f}"
+            final = "-" if r["median_test_acc_final"] is None else f"{r['median_test_acc_final']:.3f}"
+            print(f"{r['cell']:<{width}} {r['runs']:>5} {r['grokked']:>8} {r['anti_grokked']:>5} {best:>10} {final:>11}")
+        print(f"tables: {Path(a.out) / 'results.csv'}, {Path(a.out) / 'results_runs.csv'}; figure: {Path(a.out) / 'results.html'}")
     return {"out": a.out, "cells": rows}
 
 
@@ -454,13 +497,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", choices=["local", "ray"], default="local")
     p.set_defaults(func=cmd_traps)
 
-    p = sub.add_parser("sweep", parents=[common], help="seed sweep over layers x heads x r (x weight decay), packed into ensembles")
-    p.add_argument("--task", default="mpsp", help="mpsp (the only sweepable task)")
-    p.add_argument("--layers", type=_list(int), default=[1, 2], help="comma list (default 1,2)")
-    p.add_argument("--heads", type=_list(int), default=[1, 2], help="comma list (default 1,2)")
-    p.add_argument("--ratios", type=_list(float), default=[0.5, 0.9], help="comma list of r (default 0.5,0.9)")
+    p = sub.add_parser("sweep", parents=[common], help="seed sweep: MPSP (layers x heads x r x ...) or modadd (weight decay x train fraction x dtype), packed into ensembles")
+    p.add_argument("--task", choices=["mpsp", "modadd"], default="mpsp", help="mpsp (default): layers x heads x r x ...; modadd: weight decay x train fraction x dtype")
+    p.add_argument("--layers", type=_list(int), default=None, help="mpsp: comma list (default 1,2)")
+    p.add_argument("--heads", type=_list(int), default=None, help="mpsp: comma list (default 1,2)")
+    p.add_argument("--ratios", type=_list(float), default=None, help="mpsp: comma list of r (default 0.5,0.9)")
     p.add_argument("--seeds", type=_seeds, default=list(range(8)), help="0-31 or 0,3,5 (default 0-7)")
-    p.add_argument("--weight-decay", type=_list(float), default=[0.1], help="comma list (default 0.1)")
+    p.add_argument("--weight-decay", type=_list(float), default=None, help="comma list (default mpsp 0.1, modadd 1.0)")
+    p.add_argument("--p", type=int, default=None, help="modadd: the modulus (default 113)")
+    p.add_argument("--train-frac", type=_list(float), default=None, help="modadd: comma list of train fractions (default 0.3)")
+    p.add_argument("--eval-schedule", choices=["linear", "log"], default=None, help="as for lenslab train")
+    p.add_argument("--n-evals", type=int, default=None, help="evaluations with --eval-schedule log (default 200)")
     p.add_argument("--seq-len", type=_list(int), default=None, help="comma list of values per sequence (default 5)")
     p.add_argument("--n-values", type=_list(int), default=None, help="comma list: values are 0..n-1 (default 16)")
     p.add_argument("--batch-size", type=_list(_batch_size), default=None, help="comma list; full (or 0) = the whole train split (default 512)")
@@ -468,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, kind in (("--label", str), ("--shortcut", str), ("--n-train", int), ("--n-val", int),
                        ("--n-adv", int), ("--data-seed", int), ("--epochs", int), ("--eval-every", int), ("--ckpt-density", int)):
         p.add_argument(flag, type=kind, default=None, help="as for lenslab train")
-    p.add_argument("--dtype", choices=["float32", "float64"], default=None, help="training precision of every run (default float32)")
+    p.add_argument("--dtype", type=_list(_dtype), default=None, help="float32 (default) or float64; modadd: a comma list is an axis")
     p.add_argument("--out", required=True, help="sweep folder: OUT/sweep.json, OUT/<cell>/seed_<s>/, OUT/results.*")
     p.add_argument("--executor", choices=["local", "ray"], default="local")
     p.add_argument("--workers", type=int, default=None, help="ensembles trained at once (local processes or Ray tasks; default: one per core on CPU, 1 on CUDA)")

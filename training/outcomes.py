@@ -99,3 +99,35 @@ def run_outcome(run, check_constant: bool = True) -> dict:
         "top_class_share": share,
         "outcome": classify(rows, k, share),
     }
+
+
+GROKKED = 0.95  # test accuracy that counts as grokked (paper 2's grokked phase: 0.97)
+ANTI_DROP = 0.1  # a fall of test accuracy this far below its best after grokking counts as anti-grokking (paper 2: 0.97 -> 0.68)
+
+
+def modadd_outcome(run) -> dict:
+    """One tidy row for a modular-addition run: grokked? anti-grokked after? and the softmax-collapse numbers at the end."""
+    rows = run.metrics
+    if not rows:
+        return {"outcome": None}
+    last = rows[-1]
+    best = max(rows, key=lambda r: r["test_acc"])
+    grok = next((r["epoch"] for r in rows if r["test_acc"] >= GROKKED), None)
+    after = [r for r in rows if grok is not None and r["epoch"] >= grok]
+    low = min(after, key=lambda r: r["test_acc"]) if after else None
+    anti = low is not None and low["test_acc"] <= best["test_acc"] - ANTI_DROP
+    outcome = "anti-grokked" if anti else "grokked" if grok is not None else ("memorized" if last["train_acc"] == 1.0 else "training")
+    return {
+        "epochs": last["epoch"],
+        "train_acc_final": last["train_acc"],
+        "test_acc_final": last["test_acc"],
+        "test_acc_best": best["test_acc"],
+        "best_epoch": best["epoch"],
+        "first_grokked_epoch": grok,
+        "anti_grokked_epoch": low["epoch"] if anti else None,
+        "test_acc_after_grok_min": low["test_acc"] if low else None,
+        "max_abs_logit_final": last.get("train_max_abs_logit"),
+        "zero_loss_frac_final": last.get("train_zero_loss_frac"),
+        "weight_norm_final": last.get("weight_norm"),
+        "outcome": outcome,
+    }

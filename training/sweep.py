@@ -72,8 +72,34 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class ModAddCell:
+    """A modular-addition cell: modulus, train fraction, weight decay, dtype (and lr when not 1e-3)."""
+
+    p: int
+    train_frac: float
+    weight_decay: float
+    dtype: str = "float32"
+    lr: float = 1e-3
+
+    @property
+    def name(self) -> str:
+        base = f"p{self.p}-f{self.train_frac:g}-wd{self.weight_decay:g}-{self.dtype}"
+        return base if self.lr == 1e-3 else f"{base}-lr{self.lr:g}"
+
+    @classmethod
+    def of(cls, config: dict) -> ModAddCell:
+        t, task = config["train"], config["task"]
+        return cls(int(task["p"]), float(task["train_frac"]), float(t["weight_decay"]), t.get("dtype", "float32"), float(t["lr"]))
+
+
+def cell_of(config: dict) -> Cell | ModAddCell:
+    """The cell a member's run config belongs to."""
+    return ModAddCell.of(config) if config["task"]["name"] == "modadd" else Cell.of(config)
+
+
+@dataclass(frozen=True)
 class Member:
-    cell: Cell
+    cell: Cell | ModAddCell
     seed: int
     out: str
     config: dict
@@ -155,6 +181,43 @@ def plan_sweep(
     }
 
 
+def plan_modadd_sweep(
+    out: str | Path,
+    weight_decays: Iterable[float],
+    seeds: Iterable[int],
+    train_fracs: Iterable[float] = (0.3,),
+    dtypes: Iterable[str] = ("float32",),
+    p: int = 113,
+    ensemble_size: int | None = None,
+    **settings,
+) -> dict:
+    """A modular-addition sweep: weight decays x train fractions x dtypes x seeds, every member a full run config.
+
+    ``settings`` go to ``modadd_run_config`` (epochs, lr, eval_schedule, n_evals, ...). Members of
+    one train fraction and dtype share an ensemble (they may differ in seed and weight decay).
+    """
+    from training.config import modadd_run_config
+
+    axes = {"weight_decays": list(weight_decays), "train_fracs": list(train_fracs), "dtypes": list(dtypes), "seeds": list(seeds)}
+    for name, values in axes.items():
+        if not values:
+            raise ConfigError(f"the sweep has no {name.replace('_', ' ')}: give at least one")
+        if len(set(values)) != len(values):
+            raise ConfigError(f"the sweep lists a value of {name.replace('_', ' ')} twice: {values}")
+    if ensemble_size is None:
+        ensemble_size = 8  # modular addition is full batch: one step per epoch, so wider stacks amortise more
+    if not isinstance(ensemble_size, int) or ensemble_size < 1:
+        raise ConfigError(f"ensemble_size={ensemble_size!r} must be an integer >= 1")
+    members = []
+    for frac, dt, wd in itertools.product(axes["train_fracs"], axes["dtypes"], axes["weight_decays"]):
+        for s in axes["seeds"]:
+            cfg = modadd_run_config(p=p, train_frac=frac, weight_decay=wd, seed=s, dtype=dt, **settings)
+            cell = ModAddCell.of(cfg)
+            members.append(asdict(Member(cell, s, f"{cell.name}/seed_{s}", cfg)))
+    return {"format": SWEEP_FORMAT, "root": str(Path(out)), "grid": {**axes, "p": [p]}, "settings": settings,
+            "ensemble_size": ensemble_size, "members": members}
+
+
 def _largest_n_train(task: dict, have_c: int, have_a: int) -> int:
     """The largest train split that fits beside the task's validation and adversarial splits, by bisection (fit is monotone in n)."""
     from tasks.splits import n_consistent
@@ -197,7 +260,7 @@ def _check_split_sizes(members: list[dict]) -> None:
 
 
 def _members(plan: dict) -> list[Member]:
-    return [Member(Cell.of(m["config"]), m["seed"], m["out"], m["config"]) for m in plan["members"]]
+    return [Member(cell_of(m["config"]), m["seed"], m["out"], m["config"]) for m in plan["members"]]
 
 
 def _is_done(root: Path, m: Member) -> bool:
@@ -248,7 +311,7 @@ def run_job(root: str, job: list[dict], threads: int | None = None, device: str 
 
     if threads:
         torch.set_num_threads(threads)
-    members = [Member(Cell(**m["cell"]), m["seed"], m["out"], m["config"]) for m in job]
+    members = [Member(cell_of(m["config"]), m["seed"], m["out"], m["config"]) for m in job]
     outs = [Path(root) / m.out for m in members]
     train_ensemble([m.config for m in members], outs, resume=True, progress=False, device=device, on_eval=on_eval)
     return [m.out for m in members]
@@ -422,9 +485,11 @@ def summarize_sweep(root: str | Path, write: bool = True, outcomes: bool = True)
         plan = json.loads((root / "sweep.json").read_text())
     except (OSError, ValueError) as e:
         raise RunError(f"{root}: no readable sweep.json ({e}); is this a sweep directory?") from None
-    by_cell: dict[Cell, list[Member]] = {}
+    by_cell: dict[Cell | ModAddCell, list[Member]] = {}
     for m in _members(plan):
         by_cell.setdefault(m.cell, []).append(m)
+    if any(isinstance(c, ModAddCell) for c in by_cell):
+        return _summarize_modadd(root, plan, by_cell, write)
     rows, run_rows = [], []
     for cell, members in by_cell.items():
         done, cell_runs = [], []
@@ -468,6 +533,55 @@ def summarize_sweep(root: str | Path, write: bool = True, outcomes: bool = True)
         atomic_write_bytes(root / "results.csv", _csv(rows).encode())
         atomic_write_bytes(root / "results.html", sweep_figure(rows).to_html(include_plotlyjs=True, full_html=True, div_id="lenslab-sweep-results").encode())
     return rows
+
+
+def _summarize_modadd(root: Path, plan: dict, by_cell: dict, write: bool) -> list[dict]:
+    """Modular-addition cells: how many runs grokked (test >= 0.95), how many then anti-grokked, median test accuracies."""
+    from training.outcomes import modadd_outcome
+    from training.run import Run
+
+    rows, run_rows = [], []
+    for cell, members in by_cell.items():
+        runs = []
+        for m in members:
+            try:
+                s = json.loads((root / m.out / "summary.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if s.get("status") == "complete":
+                runs.append({"cell": cell.name, **asdict(cell), "seed": m.seed, **modadd_outcome(Run.open(root / m.out))})
+        rows.append({
+            "cell": cell.name, **asdict(cell), "runs_planned": len(members), "runs": len(runs),
+            "grokked": sum(r["outcome"] in ("grokked", "anti-grokked") for r in runs), "anti_grokked": sum(r["outcome"] == "anti-grokked" for r in runs),
+            "median_test_acc_best": _median(runs, "test_acc_best"), "median_test_acc_final": _median(runs, "test_acc_final"),
+            "epochs_min": min((r["epochs"] for r in runs), default=None), "epochs_max": max((r["epochs"] for r in runs), default=None),
+        })
+        run_rows += runs
+    if write:
+        atomic_write_json(root / "results.json", {"grid": plan["grid"], "settings": plan["settings"], "cells": rows, "runs": run_rows})
+        atomic_write_bytes(root / "results.csv", _csv(rows).encode())
+        atomic_write_bytes(root / "results_runs.csv", _csv(run_rows).encode())
+        atomic_write_bytes(root / "results.html", modadd_sweep_figure(rows).to_html(include_plotlyjs=True, full_html=True, div_id="lenslab-sweep-results").encode())
+    return rows
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    return statistics.median(r[key] for r in rows) if rows else None
+
+
+def modadd_sweep_figure(rows: list[dict]):
+    """Best and final test accuracy per modular-addition cell (median over seeds)."""
+    import plotly.graph_objects as go
+
+    names = [r["cell"] for r in rows]
+    fig = go.Figure([
+        go.Bar(x=names, y=[r["median_test_acc_best"] for r in rows], name="best test accuracy (median over seeds)"),
+        go.Bar(x=names, y=[r["median_test_acc_final"] for r in rows], name="final test accuracy (median over seeds)",
+               text=[f"{r['grokked']}/{r['runs']} grokked, {r['anti_grokked']} anti" for r in rows]),
+    ])
+    fig.update_layout(barmode="group", template="plotly_white", yaxis_range=[0, 1.05], yaxis_title="test accuracy",
+                      title="Modular addition: grokked = test accuracy >= 0.95 at some evaluation; anti-grokked = then >= 0.1 below its best")
+    return fig
 
 
 def _csv(rows: list[dict]) -> str:

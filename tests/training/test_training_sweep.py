@@ -197,3 +197,40 @@ def test_a_plan_written_before_dtype_existed_still_grows(tmp_path):
     assert len(merged["members"]) == 4
     with pytest.raises(RunError, match="different sweep.*train.dtype"):
         write_plan(_plan(root, heads=[1], ratios=[0.9], dtype="float64"))
+
+
+def test_a_modadd_sweep_crosses_weight_decay_fraction_and_dtype(tmp_path, capsys):
+    from safetensors import safe_open
+
+    from lenslab.cli import main
+
+    out = tmp_path / "ma"
+    rc = main(["sweep", "--task", "modadd", "--p", "11", "--train-frac", "0.5", "--weight-decay", "0,1", "--dtype", "float32,float64",
+               "--seeds", "0-1", "--epochs", "4", "--eval-every", "2", "--out", str(out), "--no-progress", "--json", "--workers", "1"])
+    assert rc == 0
+    cells = json.loads(capsys.readouterr().out)["cells"]
+    assert sorted(c["cell"] for c in cells) == sorted(f"p11-f0.5-wd{wd}-{dt}" for wd in (0, 1) for dt in ("float32", "float64"))
+    doc = json.loads((out / "results.json").read_text())
+    for c in cells:
+        runs = [Run.open(out / c["cell"] / f"seed_{s}") for s in (0, 1)]
+        assert c["runs"] == 2
+        assert c["grokked"] == sum(any(r["test_acc"] >= 0.95 for r in run.metrics) for run in runs)  # counted from the metrics
+        want = "F64" if c["dtype"] == "float64" else "F32"
+        ckpt = runs[0].checkpoints()[-1][1]
+        with safe_open(ckpt, "pt") as f:
+            assert {f.get_slice(k).get_dtype() for k in f.keys()} - {"BOOL", "I64"} == {want}  # masks and indices are not weights
+    assert len(doc["runs"]) == 8 and {r["outcome"] for r in doc["runs"]} <= {"grokked", "anti-grokked", "memorized", "training"}
+    plan = json.loads((out / "sweep.json").read_text())
+    jobs = pack({**plan, "root": str(out)}, skip_done=False)
+    assert sorted(len(j) for j in jobs) == [4, 4] and all(len({m.config["train"]["dtype"] for m in j}) == 1 for j in jobs)
+
+
+def test_modadd_and_mpsp_flags_do_not_mix(tmp_path, capsys):
+    from lenslab.cli import main
+
+    assert main(["sweep", "--task", "modadd", "--layers", "2", "--out", str(tmp_path / "a")]) == 2
+    assert "--layers is an mpsp flag" in capsys.readouterr().err
+    assert main(["sweep", "--p", "11", "--out", str(tmp_path / "b")]) == 2
+    assert "--p is a modadd flag" in capsys.readouterr().err
+    assert main(["sweep", "--dtype", "float32,float64", "--out", str(tmp_path / "c")]) == 2
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
