@@ -103,6 +103,12 @@ def inspect_run(
     }
 
 
+def _limits_sentence(limits: dict) -> str:
+    """The analysis limits as one sentence for the report (``result["limits"]`` keeps them as data)."""
+    return (f"Limits: cross-split patching on {limits['patching_pairs']} pairs, at most {limits['max_examples']} examples per split; "
+            f"evolution: {limits['evolution']}; traps: {limits['traps']}.")
+
+
 def _table_html(rows: list[dict], keys: list[str]) -> str:
     def cell(v):
         return f"{v:.3f}" if isinstance(v, float) else html.escape(str(v))
@@ -115,7 +121,6 @@ def _table_html(rows: list[dict], keys: list[str]) -> str:
 def inspection_sections(run_dir, result: dict, n_examples: int = 2) -> list[tuple[str, list]]:
     """Report sections for ``result`` (from ``inspect_run``): curves, gradients, circuits, views."""
     from interp import visual
-    from lenslab.report import collapse_items
 
     run = _open(run_dir)
     metrics = run.metrics
@@ -126,10 +131,10 @@ def inspection_sections(run_dir, result: dict, n_examples: int = 2) -> list[tupl
         f"first 100 % adv at epoch {phase['generalized_epoch']}"
     )
     sections: list[tuple[str, list]] = [
-        ("Run", [f"{result['run']} — analysed checkpoint: epoch {result['epoch']}", f"limits: {result['limits']}"]),
+        ("Run", [f"{result['run']} — analysed checkpoint: epoch {result['epoch']}", _limits_sentence(result["limits"])]),
         ("Accuracy", [visual.accuracy_figure(metrics, phase), ph]),
         ("Gradient dynamics", [visual.gradient_figure(metrics)]),
-        ("Softmax collapse and weight norms", collapse_items(metrics)),
+        ("Softmax collapse and weight norms", visual.collapse_items(metrics)),
     ]
     head_rows = result["evolution"]["head_rows"]
     evo_items = [result["limits"]["evolution"]]

@@ -9,6 +9,7 @@ kernel in a notebook (``_repr_html_``), once per page in a report (``circuitsvis
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from uuid import uuid4
 
@@ -81,15 +82,20 @@ def gradient_figure(metrics: list[dict]) -> go.Figure:
     return fig
 
 
+HEAD_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+
 def fingerprint_evolution_figure(head_rows: list[dict], source: str = "w") -> go.Figure:
     """One panel per fingerprint; one line per head, over checkpoints."""
     names = ("qk_rho", "pos0_mass", "ov_parity_rho")
     fig = make_subplots(rows=1, cols=3, subplot_titles=[f"{n} ({'weights' if source == 'w' else 'activations'})" for n in names])
     heads = sorted({r["head_name"] for r in head_rows})
+    colours = {h: HEAD_COLOURS[i % len(HEAD_COLOURS)] for i, h in enumerate(heads)}  # one colour per head in every panel
     for col, n in enumerate(names, start=1):
         for h in heads:
             pts = [(r["epoch"], r[f"{n}_{source}"]) for r in head_rows if r["head_name"] == h]
-            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name=h, legendgroup=h, showlegend=col == 1), row=1, col=col)
+            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name=h, legendgroup=h, showlegend=col == 1,
+                                     line={"color": colours[h]}), row=1, col=col)
         fig.update_xaxes(title_text="epoch", row=1, col=col)
     fig.update_layout(title="fingerprint evolution per head")
     return fig
@@ -166,3 +172,59 @@ def attention_view(model: HookedTransformer, tokens: Tensor, n_values: int, laye
 
 def figure_json(fig: go.Figure) -> dict:
     return json.loads(fig.to_json())
+
+
+# -- softmax-collapse diagnostics (metrics.jsonl, written by training.trainer) ----------------
+COLLAPSE_KEYS = ("train_max_abs_logit", "train_zero_loss_frac", "weight_norm", "grad_norm")
+
+
+def collapse_figure(metrics: Sequence[dict]) -> go.Figure:
+    """Four small panels over the evaluations: max |logit| (train), the share of train losses that are
+    exactly 0, the weight norms (total and per matrix), the last step's gradient norm. Log y where
+    the quantity spans decades; log x when the evaluations do (a log ``eval_schedule``)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rows = [r for r in metrics if any(r.get(k) is not None for k in COLLAPSE_KEYS)]
+    epochs = [r["epoch"] for r in rows]
+    positive = [e for e in epochs if e > 0]
+    log_x = bool(positive) and max(positive) / min(positive) >= 1000
+    fig = make_subplots(rows=2, cols=2, subplot_titles=(
+        "max |logit| on the train split", "train examples with loss exactly 0",
+        "weight norm (bold: all parameters)", "gradient norm of the last step"))
+
+    def series(key: str, r: int, c: int, name: str | None = None, width: float = 2.0, values=None) -> None:
+        ys = values if values is not None else [row.get(key) for row in rows]
+        pts = [(e, y) for e, y in zip(epochs, ys) if y is not None and not (log_x and e == 0)]
+        if pts:
+            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name or key,
+                                     line={"width": width}, marker={"size": 3}, showlegend=name is not None), row=r, col=c)
+
+    series("train_max_abs_logit", 1, 1)
+    series("train_zero_loss_frac", 1, 2)
+    series("weight_norm", 2, 1, name="all parameters", width=3.0)
+    names = sorted({n for row in rows for n in (row.get("weight_norms") or {})})
+    for n in names:
+        if n.endswith((".W_Q", ".W_K", ".W_V", ".W_O", ".W_in", ".W_out", "W_E", "W_pos", "W_U")):  # the matrices; biases would crowd it
+            series(n, 2, 1, name=n, width=1.0, values=[(row.get("weight_norms") or {}).get(n) for row in rows])
+    series("grad_norm", 2, 2)
+    for r, c in ((1, 1), (2, 1), (2, 2)):
+        fig.update_yaxes(type="log", row=r, col=c)
+    fig.update_yaxes(range=[0, 1.02], row=1, col=2)
+    for r in (1, 2):
+        for c in (1, 2):
+            fig.update_xaxes(type="log" if log_x else "linear", title_text="epoch", row=r, col=c)
+    fig.update_layout(height=620, margin={"t": 40, "b": 40}, legend={"font": {"size": 9}})
+    return fig
+
+
+def collapse_items(metrics: Sequence[dict]) -> list:
+    """The report's softmax-collapse panel: a note, the figure (or why there is none)."""
+    note = (
+        "Softmax collapse (Prieto et al. 2025): when the logits grow until softmax saturates, a train example's loss "
+        "is exactly 0 in the run's dtype and it sends no gradient. Gradient norm: the last training step's "
+        "(with full batch, the whole train loss's)."
+    )
+    if not any(r.get(k) is not None for r in metrics for k in COLLAPSE_KEYS):
+        return [note, "not recorded: this run was trained before lenslab recorded collapse diagnostics"]
+    return [note, collapse_figure(metrics)]

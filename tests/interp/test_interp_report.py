@@ -113,3 +113,23 @@ def test_inspect_run_traps(fake_run, inspected):
     assert len(figs) == 2  # trap counts under the accuracy curves; the ESD with its MP fit
     assert {"train_acc", "blocks.0.mlp.W_in"} <= {t.name for t in figs[0].data}
     assert traps["esd_matrix"] in figs[1].layout.title.text
+
+
+def test_each_head_keeps_one_colour_across_the_fingerprint_panels():
+    from interp.visual import fingerprint_evolution_figure
+
+    rows = [{"epoch": e, "head_name": h, "qk_rho_w": 0.1, "pos0_mass_w": 0.2, "ov_parity_rho_w": 0.3} for e in (0, 5) for h in ("L0H0", "L0H1", "L1H0")]
+    fig = fingerprint_evolution_figure(rows)
+    colours: dict[str, set] = {}
+    for tr in fig.data:
+        colours.setdefault(tr.name, set()).add(tr.line.color)
+    assert all(len(c) == 1 and None not in c for c in colours.values())  # one explicit colour per head, in all three panels
+    assert len({next(iter(c)) for c in colours.values()}) == 3  # and different heads differ
+
+
+def test_the_limits_line_reads_as_a_sentence():
+    from interp.inspect import _limits_sentence
+
+    text = _limits_sentence({"patching_pairs": 256, "max_examples": 2048, "evolution": "12 of 40 checkpoints", "traps": "robust mode"})
+    assert text == "Limits: cross-split patching on 256 pairs, at most 2048 examples per split; evolution: 12 of 40 checkpoints; traps: robust mode."
+    assert "{" not in text

@@ -127,7 +127,8 @@ def test_log_schedule_training_resume_and_extension(tmp_path):
 
 
 def test_report_panel_draws_the_diagnostics(tmp_path):
-    from lenslab.report import collapse_items, render_report
+    from interp.visual import collapse_items
+    from lenslab.report import render_report
 
     train(tiny_modadd(epochs=2, eval_every=1), tmp_path, progress=False)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
