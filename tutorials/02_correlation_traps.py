@@ -139,7 +139,7 @@ first_trap = {k: int(g.epoch[g.n_traps > 0].min()) for k, g in df.groupby("matri
 print(f"first checkpoint with a trap, per matrix: {first_trap or 'none'} (test accuracy ≥ 0.95 from epoch {grokked})")
 
 fig = trap_count_figure(rows_grok.to_records(), grok.metrics, title=f"p = {S['p']}: traps while grokking")
-assert len(fig.data) == 2 + len(MATRICES)  # train/test accuracy, then one trace per matrix
+assert len(fig.data) == 2 + 2 * len(MATRICES)  # train/test accuracy, traps per matrix, HTSR alpha per matrix
 fig.show()
 
 # %% [markdown]
@@ -208,7 +208,7 @@ def after(rows):  # the continuation's first record is the run's last one: drop 
 fig = trap_count_figure(rows_grok.to_records() + after(traps0), grok.metrics + after(metrics0),
                         title=f"p = {S['p']}: grokking (wd 1.0), then weight decay 0")
 fig.add_vline(x=S["grok_epochs"], line_dash="dash")
-assert len(fig.data) == 2 + len(MATRICES)
+assert len(fig.data) == 2 + 2 * len(MATRICES)
 fig.show()
 display(pd.DataFrame(traps0).pivot(index="epoch", columns="matrix", values="n_traps")[MATRICES])
 print(f"test accuracy at weight decay 0: {metrics0[0]['test_acc']:.3f} -> {metrics0[-1]['test_acc']:.3f} "
