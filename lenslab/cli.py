@@ -401,17 +401,28 @@ def cmd_sweep(a: argparse.Namespace) -> dict:
     if not a.json:
         from training.outcomes import FAILURES
 
-        width = max([22] + [len(r["cell"]) for r in rows])
-        print(f"{'cell':<{width}} {'runs':>5} {'gen':>4} {'rate':>6}  {'Wilson 95%':<15} {'median 1st':>10}  failed runs")
-        for r in rows:
-            rate = "-" if r["rate"] is None else f"{r['rate']:.2f}"
-            ci = "-" if r["rate"] is None else f"[{r['wilson_low']:.2f}, {r['wilson_high']:.2f}]"
-            fails = ", ".join(f"{r[f'failed_{o}']} {o}" for o in FAILURES if r.get(f"failed_{o}"))
-            first = "-" if r["median_first_generalized_epoch"] is None else f"{r['median_first_generalized_epoch']:g}"
-            print(f"{r['cell']:<{width}} {r['runs']:>5} {r['generalized']:>4} {rate:>6}  {ci:<15} {first:>10}  {fails}")
-        print(f"tables: {Path(a.out) / 'results.csv'}, {Path(a.out) / 'results_runs.csv'}, {Path(a.out) / 'results.json'}; "
-              f"figure: {Path(a.out) / 'results.html'}")
+        _print_cells(rows, [
+            ("runs", lambda r: r["runs"]), ("gen", lambda r: r["generalized"]), ("rate", lambda r: _fmt(r["rate"], ".2f")),
+            ("Wilson 95%", lambda r: "-" if r["rate"] is None else f"[{r['wilson_low']:.2f}, {r['wilson_high']:.2f}]"),
+            ("median 1st", lambda r: _fmt(r["median_first_generalized_epoch"], "g")),
+            ("failed runs", lambda r: ", ".join(f"{r[f'failed_{o}']} {o}" for o in FAILURES if r.get(f"failed_{o}"))),
+        ], a.out)
     return {"out": a.out, "cells": rows}
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _print_cells(rows: list[dict], columns: list, out: str) -> None:
+    """A sweep's cell table on stdout: the cell name, then ``columns`` (title, row -> value), then where the files are."""
+    width = max([22] + [len(r["cell"]) for r in rows])
+    table = [[str(get(r)) for _, get in columns] for r in rows]
+    widths = [max([len(t)] + [len(row[i]) for row in table]) for i, (t, _) in enumerate(columns)]
+    print(f"{'cell':<{width}}  " + "  ".join(f"{t:>{w}}" for (t, _), w in zip(columns, widths)))
+    for r, row in zip(rows, table):
+        print(f"{r['cell']:<{width}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(row, widths)))
+    print(f"tables: {Path(out) / 'results.csv'}, {Path(out) / 'results_runs.csv'}, {Path(out) / 'results.json'}; figure: {Path(out) / 'results.html'}")
 
 
 def _sweep_modadd(a: argparse.Namespace) -> dict:
@@ -433,13 +444,10 @@ def _sweep_modadd(a: argparse.Namespace) -> dict:
     _log(f"sweep: {len(plan['members'])} modular-addition runs into {a.out}, executor {a.executor}")
     rows = run_sweep(plan, executor=a.executor, workers=a.workers, progress=not a.no_progress, device=a.device)
     if not a.json:
-        width = max([24] + [len(r["cell"]) for r in rows])
-        print(f"{'cell':<{width}} {'runs':>5} {'grokked':>8} {'anti':>5} {'best test':>10} {'final test':>11}")
-        for r in rows:
-            best = "-" if r["median_test_acc_best"] is None else f"{r['median_test_acc_best']:.3f}"
-            final = "-" if r["median_test_acc_final"] is None else f"{r['median_test_acc_final']:.3f}"
-            print(f"{r['cell']:<{width}} {r['runs']:>5} {r['grokked']:>8} {r['anti_grokked']:>5} {best:>10} {final:>11}")
-        print(f"tables: {Path(a.out) / 'results.csv'}, {Path(a.out) / 'results_runs.csv'}; figure: {Path(a.out) / 'results.html'}")
+        _print_cells(rows, [
+            ("runs", lambda r: r["runs"]), ("grokked", lambda r: r["grokked"]), ("anti-grokked", lambda r: r["anti_grokked"]),
+            ("best test", lambda r: _fmt(r["median_test_acc_best"], ".3f")), ("final test", lambda r: _fmt(r["median_test_acc_final"], ".3f")),
+        ], a.out)
     return {"out": a.out, "cells": rows}
 
 
