@@ -8,16 +8,20 @@
 # epochs r = 0.5 sat at chance and r = 0.9 on the shortcut there), against seq_len 5 (the easy one).
 # Horizon: 400 epochs per cell (the first sweep was started at 1,000 and cut to 400 at epoch 115,
 # when the shared CPU ran at 0.7 seed-epochs/s). At epoch ~180 both r of step 1 had memorized their
-# train split (train 0.98, adversarial 0.5 / 0.07), so coverage (step 2) and weight decay (step 3)
-# were moved ahead of 1L; the rest follows as the CPU allows.
+# train split (train 0.98, adversarial 0.5 / 0.07), so coverage (steps 2-3) and weight decay (step 4)
+# were moved ahead of 1L; the rest follows as the CPU allows (the order changed twice, while step 1
+# and then step 2 ran; the reasons are given where they apply).
 set -euo pipefail
 RUNS=${RUNS:-$HOME/lenslab-runs/regime}
 while [ -n "${WAIT_PID:-}" ] && kill -0 "$WAIT_PID" 2>/dev/null; do sleep 10; done  # a sweep already on the folder
 L="python -m lenslab.cli sweep --out $RUNS --heads 2 --ratios 0.5,0.9 --seeds 0-3 --no-progress"
 $L --layers 2 --seq-len 6 --epochs 400                      # 1. the candidate regime, 2L
 $L --layers 2 --seq-len 6 --n-values 8 --epochs 400         # 2. coverage: 8**6 = 262k sequences vs 16**6 = 16.8M
-$L --layers 2 --seq-len 6 --weight-decay 0.4 --epochs 400   # 3. weight decay
-$L --layers 1 --seq-len 6 --epochs 400                      # 4. 1L in the candidate regime
-$L --layers 2 --seq-len 5 --epochs 200                      # 5. the easy regime (r = 0.5 generalized by epoch 100 before)
-$L --layers 1 --seq-len 6 --n-values 8 --epochs 400         # 6. 1L, higher coverage
-$L --layers 2 --seq-len 6 --batch-size full --epochs 400    # 7. full batch (400 steps)
+# step 2's r = 0.5 runs reached 100 % adversarial accuracy by epoch 15 while step 1's memorized:
+# the boundary between the two coverages is the next cell (12**6 = 3.0M sequences).
+$L --layers 2 --seq-len 6 --n-values 12 --epochs 400        # 3. coverage between the two
+$L --layers 2 --seq-len 6 --weight-decay 0.4 --epochs 400   # 4. weight decay at low coverage
+$L --layers 1 --seq-len 6 --epochs 400                      # 5. 1L in the candidate regime
+$L --layers 2 --seq-len 5 --epochs 200                      # 6. the easy regime (r = 0.5 generalized by epoch 100 before)
+$L --layers 1 --seq-len 6 --n-values 8 --epochs 400         # 7. 1L, higher coverage
+$L --layers 2 --seq-len 6 --batch-size full --epochs 400    # 8. full batch (400 steps)
