@@ -1,6 +1,7 @@
 """The anti-grokking probe (issue 15, REPRODUCTION items 6-7): modular addition, fixed weight decay from step 0.
 
     .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok --epochs 10000
+    .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok --epochs 30000 --dtypes float64   # extend one arm
     .venv/bin/python reproduction/antigrok.py report ~/lenslab-runs/antigrok reproduction/results/antigrok
 
 Set-up (chosen before any run, from the issue): p = 31, train fraction 0.3 (288 of 961 pairs),
@@ -40,10 +41,10 @@ def configs(dtype: str, epochs: int, n_evals: int) -> tuple[list[dict], list[str
     return cfgs, names
 
 
-def train(root: Path, epochs: int, n_evals: int) -> None:
+def train(root: Path, epochs: int, n_evals: int, dtypes: tuple[str, ...] = tuple(ARMS)) -> None:
     from training.ensemble import train_ensemble
 
-    for dtype in ARMS:
+    for dtype in dtypes:
         cfgs, names = configs(dtype, epochs, n_evals)
         print(f"{dtype}: {len(cfgs)} members to epoch {epochs}", file=sys.stderr, flush=True)
         train_ensemble(cfgs, [root / n for n in names], resume=True, progress=True)
@@ -119,8 +120,9 @@ if __name__ == "__main__":
     ap.add_argument("out", nargs="?")
     ap.add_argument("--epochs", type=int, default=10_000)
     ap.add_argument("--n-evals", type=int, default=120)
+    ap.add_argument("--dtypes", default="float32,float64", help="which arms to train (comma list)")
     a = ap.parse_args()
     if a.what == "train":
-        train(Path(a.root), a.epochs, a.n_evals)
+        train(Path(a.root), a.epochs, a.n_evals, tuple(a.dtypes.split(",")))
     else:
         report(Path(a.root), Path(a.out))
