@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 CANDIDATES = (1, 2, 4, 8, 16)
+STOP_BELOW = 0.8  # stop trying larger sizes once one runs below this share of the best rate so far
 
 
 def _stepper(config: dict, E: int, device: torch.device) -> Callable[[], None]:
@@ -75,4 +76,6 @@ def choose_ensemble_size(
                     torch.cuda.synchronize()
                 best = min(best, timer() - t0)
             rates[E] = E * steps / best if best > 0 else float("inf")
+            if rates[E] < STOP_BELOW * max(rates.values()):
+                break  # throughput falls with size from here on (memory-bound, e.g. full batch): larger stacks only cost time
     return max(rates, key=lambda E: (rates[E], -E)), rates

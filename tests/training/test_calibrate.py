@@ -36,3 +36,23 @@ def test_a_real_measurement_leaves_the_callers_rng_alone():
     size, rates = choose_ensemble_size(tiny_config(), n_seeds=2, steps=1, rounds=1)
     assert torch.equal(torch.rand(3), want)
     assert size in (1, 2) and set(rates) == {1, 2} and all(r > 0 for r in rates.values())
+
+
+def test_sizes_past_a_clear_slowdown_are_not_tried(monkeypatch):
+    import training.calibrate as cal
+
+    seconds_per_step = {1: 0.010, 2: 0.030, 4: 1.0}  # seed-steps/s: 100, 67 (< 0.8 x 100: stop)
+    clock = {"t": 0.0}
+    made = []
+
+    def fake_stepper(config, E, device):
+        made.append(E)
+
+        def step():
+            clock["t"] += seconds_per_step[E]
+
+        return step
+
+    monkeypatch.setattr(cal, "_stepper", fake_stepper)
+    size, rates = choose_ensemble_size(tiny_config(), n_seeds=16, timer=lambda: clock["t"])
+    assert size == 1 and made == [1, 2] and set(rates) == {1, 2}
