@@ -110,7 +110,7 @@ def ensemble_step(
     idx: Int[Tensor, "E batch"],
     active: list[bool] | None = None,
     grads_out: list[Tensor] | None = None,
-) -> Float[Tensor, E]:
+) -> Float[Tensor, " E"]:
     """One AdamW step of every member on its own rows ``idx`` of its train split; returns the losses.
 
     ``grads_out``, a list, is refilled with this step's stacked gradients (for ``grad_norm``)."""

@@ -39,7 +39,7 @@ def _flat_grad(model: HookedTransformer, tokens: Tensor, labels: Tensor, chunk: 
     return torch.cat([g.reshape(-1) for g in total])
 
 
-def per_example_grad_norms(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], labels: Int[Tensor, batch]) -> Tensor:
+def per_example_grad_norms(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], labels: Int[Tensor, " batch"]) -> Tensor:
     """‖∇_θ ℓ(x_i, y_i)‖₂ for every example, via ``vmap(grad(functional_call))``."""
     params = {k: v.detach() for k, v in model.named_parameters()}
     buffers = {k: v for k, v in model.named_buffers()}
@@ -56,7 +56,7 @@ def per_example_grad_norms(model: HookedTransformer, tokens: Int[Tensor, "batch 
 def gradient_dynamics(
     model: HookedTransformer,
     tokens: Int[Tensor, "n pos"],
-    labels: Int[Tensor, n],
+    labels: Int[Tensor, " n"],
     consistent: Tensor,
     probe_size: int = 256,
     conflict_size: int = 4096,
