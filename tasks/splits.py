@@ -79,6 +79,29 @@ def _pack(task: MPSPTask, name: str, x: np.ndarray) -> dict[str, torch.Tensor]:
     }
 
 
+def check_split_sizes(task: MPSPTask, ratio: float, n_train: int, n_val: int, n_adv: int) -> None:
+    """Refuse split sizes that need more distinct sequences than the task has, naming the largest n_train that fits."""
+    have_c, have_a = task.count_groups()
+
+    def fits(n: int) -> bool:
+        c = n_consistent(ratio, n)
+        return c + n_val <= have_c and n - c + n_adv <= have_a
+
+    if fits(n_train):
+        return
+    lo, hi = 0, n_train  # fits(n) is monotone in n: bisect for the largest train split that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    c = n_consistent(ratio, n_train)
+    raise TaskError(
+        f"the splits need {c + n_val:,} shortcut-consistent and {n_train - c + n_adv:,} anti-shortcut distinct sequences, "
+        f"but seq_len={task.seq_len}, n_values={task.n_values} allow only {have_c:,} and {have_a:,}; the largest train split "
+        f"that fits beside n_val={n_val:,} and n_adv={n_adv:,} at r={ratio:g} is n_train={lo:,}: "
+        "lower n_train/n_val/n_adv or raise seq_len/n_values"
+    )
+
+
 def make_mpsp_splits(
     task: MPSPTask,
     ratio: float,
@@ -96,16 +119,10 @@ def make_mpsp_splits(
     _check_size("n_train", n_train)
     _check_size("n_val", n_val)
     _check_size("n_adv", n_adv)
+    check_split_sizes(task, ratio, n_train, n_val, n_adv)
     c_train = n_consistent(ratio, n_train)
     a_train = n_train - c_train
     need_c, need_a = c_train + n_val, a_train + n_adv
-    have_c, have_a = task.count_groups()
-    if need_c > have_c or need_a > have_a:
-        raise TaskError(
-            f"the splits need {need_c:,} shortcut-consistent and {need_a:,} anti-shortcut distinct sequences, "
-            f"but seq_len={task.seq_len}, n_values={task.n_values} allow only {have_c:,} and {have_a:,}: "
-            "lower n_train/n_val/n_adv or raise seq_len/n_values"
-        )
     rng = np.random.default_rng(seed)
     ids_c, ids_a = _sample_groups(task, need_c, need_a, rng)
     train_ids = rng.permutation(np.concatenate([ids_c[:c_train], ids_a[:a_train]]))

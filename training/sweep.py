@@ -218,45 +218,23 @@ def plan_modadd_sweep(
             "ensemble_size": ensemble_size, "members": members}
 
 
-def _largest_n_train(task: dict, have_c: int, have_a: int) -> int:
-    """The largest train split that fits beside the task's validation and adversarial splits, by bisection (fit is monotone in n)."""
-    from tasks.splits import n_consistent
-
-    def fits(n: int) -> bool:
-        c = n_consistent(task["ratio"], n)
-        return c + task["n_val"] <= have_c and n - c + task["n_adv"] <= have_a
-
-    lo, hi = 0, task["n_train"]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo
-
-
 def _check_split_sizes(members: list[dict]) -> None:
     """Every task in the grid can build its splits (enough distinct sequences), checked before any I/O."""
     from tasks import MPSPTask
-    from tasks.splits import n_consistent
+    from tasks.errors import TaskError
+    from tasks.splits import check_split_sizes
 
     seen = set()
     for m in members:
         t = m["config"]["task"]
         key = (t["label"], t["shortcut"], t["seq_len"], t["n_values"], t["ratio"], t["n_train"], t["n_val"], t["n_adv"])
-        if key in seen:
-            continue
-        seen.add(key)
-        task = MPSPTask(label=t["label"], shortcut=t["shortcut"], seq_len=t["seq_len"], n_values=t["n_values"])
-        have_c, have_a = task.count_groups()
-        c = n_consistent(t["ratio"], t["n_train"])
-        need_c, need_a = c + t["n_val"], t["n_train"] - c + t["n_adv"]
-        if need_c > have_c or need_a > have_a:
-            lo = _largest_n_train(t, have_c, have_a)
-            raise ConfigError(
-                f"seq_len={t['seq_len']}, n_values={t['n_values']} has only {have_c:,} shortcut-consistent and {have_a:,} anti-shortcut "
-                f"sequences, but r={t['ratio']:g} with n_train={t['n_train']:,}, n_val={t['n_val']:,}, n_adv={t['n_adv']:,} needs "
-                f"{need_c:,} and {need_a:,}; the largest train split it allows at these sizes is n_train={lo:,}: "
-                "raise seq_len or n_values, or lower the split sizes"
-            )
+        if key not in seen:
+            seen.add(key)
+            try:
+                check_split_sizes(MPSPTask(label=t["label"], shortcut=t["shortcut"], seq_len=t["seq_len"], n_values=t["n_values"]),
+                                  t["ratio"], t["n_train"], t["n_val"], t["n_adv"])
+            except TaskError as e:
+                raise ConfigError(f"sweep cell {m['out'].split('/')[0]}: {e}") from None
 
 
 def _members(plan: dict) -> list[Member]:
