@@ -27,11 +27,15 @@ class ModAddTask:
         f = self.train_frac
         if not isinstance(f, (int, float)) or not (0.0 < f < 1.0) or f != f:
             raise TaskError(f"train_frac={f!r} must lie strictly between 0 and 1")
-        n_train = round(f * self.p**2)
-        if n_train < 1 or n_train >= self.p**2:
+        if self.n_train < 1 or self.n_train >= self.p**2:
             raise TaskError(f"train_frac={f} leaves an empty train or test split for p={self.p}")
 
     n_ctx = 3
+
+    @property
+    def n_train(self) -> int:
+        """Train pairs: round(train_frac · p²)."""
+        return round(self.train_frac * self.p**2)
 
     @property
     def d_vocab(self) -> int:
@@ -53,9 +57,8 @@ def make_modadd_splits(task: ModAddTask, seed: int = 0) -> dict[str, torch.Tenso
     tokens = np.stack([a, b, np.full_like(a, p)], axis=1).astype(np.int64)
     labels = ((a + b) % p).astype(np.int64)
     perm = np.random.default_rng(seed).permutation(p * p)
-    n_train = round(task.train_frac * p * p)
     out = {}
-    for name, idx in (("train", perm[:n_train]), ("test", perm[n_train:])):
+    for name, idx in (("train", perm[: task.n_train]), ("test", perm[task.n_train :])):
         out[f"{name}_tokens"] = torch.from_numpy(tokens[idx].copy())
         out[f"{name}_labels"] = torch.from_numpy(labels[idx].copy())
     return out

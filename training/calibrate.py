@@ -21,14 +21,14 @@ STOP_BELOW = 0.8  # stop trying larger sizes once one runs below this share of t
 
 
 def _stepper(config: dict, E: int, device: torch.device) -> Callable[[], None]:
+    from training.config import torch_dtype
     from training.ensemble import ensemble_step
     from training.presets import build_model
     from training.stacked import StackedTransformer
     from training.stacked_adamw import StackedAdamW
 
     t, m = config["train"], config["model"]
-    dtype = getattr(torch, t.get("dtype", "float32"))
-    models = [build_model(m, seed=s, device=str(device), dtype=dtype) for s in range(E)]
+    models = [build_model(m, seed=s, device=str(device), dtype=torch_dtype(t)) for s in range(E)]
     ens = StackedTransformer.from_models(models).to(device)
     opt = StackedAdamW(list(ens.params), [t["lr"]] * E, [t["weight_decay"]] * E, tuple(t["betas"]))
     n = t["batch_size"] or _train_size(config)
@@ -43,7 +43,9 @@ def _train_size(config: dict) -> int:
     task = config["task"]
     if task["name"] == "mpsp":
         return task["n_train"]
-    return max(1, round(task["train_frac"] * task["p"] ** 2))
+    from tasks import ModAddTask
+
+    return ModAddTask(p=task["p"], train_frac=task["train_frac"]).n_train
 
 
 def choose_ensemble_size(

@@ -78,7 +78,6 @@ def run_outcome(run, check_constant: bool = True) -> dict:
     rows = run.metrics
     if not rows:
         return {"outcome": None}
-    k = 3 if run.config["task"]["label"] == "sum3" else 2
     share = None
     if check_constant and not any(r.get("adv_acc") == 1.0 for r in rows):
         share = constant_share(run.model(), run.splits["train_tokens"])
@@ -97,7 +96,7 @@ def run_outcome(run, check_constant: bool = True) -> dict:
         "adv_acc_max": max(r["adv_acc"] for r in rows),
         "adv_trend": tail_trend([r["epoch"] for r in rows], [r["adv_acc"] for r in rows]),
         "top_class_share": share,
-        "outcome": classify(rows, k, share),
+        "outcome": classify(rows, run.task.k, share),
     }
 
 
