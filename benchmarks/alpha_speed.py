@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from interp.spectral import htsr_alpha
+from lenslab.interp.spectral import htsr_alpha
 
 SHAPES = {"attn.c_attn": (768, 2304), "attn.c_proj": (768, 768), "mlp.c_fc": (768, 3072), "mlp.c_proj": (3072, 768)}  # (in, out)
 

@@ -33,13 +33,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks import MPSPTask, make_mpsp_splits
-from training.config import mpsp_run_config
-from training.ensemble import ensemble_step
-from training.presets import build_model
-from training.stacked import StackedTransformer
-from training.stacked_adamw import StackedAdamW
-from training.trainer import epoch_generator, train
+from lenslab.tasks import MPSPTask, make_mpsp_splits
+from lenslab.training.config import mpsp_run_config
+from lenslab.training.ensemble import ensemble_step
+from lenslab.training.presets import build_model
+from lenslab.training.stacked import StackedTransformer
+from lenslab.training.stacked_adamw import StackedAdamW
+from lenslab.training.trainer import epoch_generator, train
 
 
 def sgemm_gflops(dev: torch.device, n: int = 2048, reps: int = 10) -> float:

@@ -28,12 +28,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.config import modadd_run_config
-from training.ensemble import ensemble_step
-from training.presets import build_model
-from training.stacked import StackedTransformer
-from training.stacked_adamw import StackedAdamW
-from training.trainer import epoch_generator, make_splits
+from lenslab.training.config import modadd_run_config
+from lenslab.training.ensemble import ensemble_step
+from lenslab.training.presets import build_model
+from lenslab.training.stacked import StackedTransformer
+from lenslab.training.stacked_adamw import StackedAdamW
+from lenslab.training.trainer import epoch_generator, make_splits
 
 
 def _sync(dev):

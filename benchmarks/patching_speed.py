@@ -37,7 +37,7 @@ warnings.filterwarnings("ignore")
 import torch
 from transformer_lens import patching as tlp
 
-from interp.patching import (
+from lenslab.interp.patching import (
     DIRECTIONS,
     GRID_KINDS,
     cross_split_patching,
@@ -46,8 +46,8 @@ from interp.patching import (
     patch_grid,
     patch_grids,
 )
-from tasks import MPSPTask, make_mpsp_splits
-from training.presets import build_model, mpsp_model_config
+from lenslab.tasks import MPSPTask, make_mpsp_splits
+from lenslab.training.presets import build_model, mpsp_model_config
 
 TL = {
     "resid_pre": tlp.get_act_patch_resid_pre,

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
 
-from training.config import mpsp_run_config
-from training.presets import build_model
-from training.trainer import make_splits, train
+from lenslab.training.config import mpsp_run_config
+from lenslab.training.presets import build_model
+from lenslab.training.trainer import make_splits, train
 
 
 def plain_tl_epoch_time(cfg: dict, epochs: int) -> float:

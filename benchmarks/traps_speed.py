@@ -32,9 +32,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from interp.spectral import detect_traps, extract_matrices, make_generator, random_permutation
-from interp.spectral.traps import WW_POOL, WW_POOL_BELOW
-from training.presets import build_model
+from lenslab.interp.spectral import detect_traps, extract_matrices, make_generator, random_permutation
+from lenslab.interp.spectral.traps import WW_POOL, WW_POOL_BELOW
+from lenslab.training.presets import build_model
 
 
 def gpt2_like(n_layers: int, d_vocab: int):
@@ -89,11 +89,11 @@ def shard_scan_peak(mats: dict[str, torch.Tensor]) -> dict:
             wm.update({k: fn for k in part})
         Path(d, "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
         size = sum(p.stat().st_size for p in Path(d).glob("*.safetensors"))
-        code = ("import sys, time, resource; sys.path.insert(0, %r); from interp.spectral import traps_command; t=time.perf_counter(); "
+        code = ("import sys, time, resource; sys.path.insert(0, %r); from lenslab.interp.spectral import traps_command; t=time.perf_counter(); "
                 "r = traps_command(%r, progress=False, workers=2); print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
                 % (str(Path(__file__).resolve().parents[1]), d))
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-        base = ("import sys, resource; sys.path.insert(0, %r); import interp.spectral; "
+        base = ("import sys, resource; sys.path.insert(0, %r); import lenslab.interp.spectral; "
                 "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)" % str(Path(__file__).resolve().parents[1]))
         imported = int(subprocess.run([sys.executable, "-c", base], capture_output=True, text=True, check=True).stdout.split()[0])
         return {"shard_bytes_mib": round(size / 2**20, 1), "scan_s": round(float(out[0]), 2), "peak_rss_mib": round(int(out[1]) / 1024, 1),

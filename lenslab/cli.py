@@ -18,7 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def cmd_inspect(a: argparse.Namespace) -> dict:
-    from interp.inspect import write_inspection
+    from lenslab.interp.inspect import write_inspection
 
     _log(f"inspecting {a.run_dir} (ablation, cross-split patching, fingerprints, evolution)")
     result, path = write_inspection(a.run_dir)
@@ -30,7 +30,7 @@ def cmd_inspect(a: argparse.Namespace) -> dict:
 
 
 def cmd_traps(a: argparse.Namespace) -> dict:
-    from interp.spectral import format_traps_table, traps_command
+    from lenslab.interp.spectral import format_traps_table, traps_command
 
     result = traps_command(
         a.path, mode=a.mode, seed=a.seed, n_shuffles=a.n_shuffles, jsd=a.jsd, workers=a.workers,
@@ -170,7 +170,7 @@ def _given(a: argparse.Namespace) -> dict:
 
 
 def _config_from_args(given: dict) -> dict:
-    from training.config import modadd_run_config, mpsp_run_config
+    from lenslab.training.config import modadd_run_config, mpsp_run_config
 
     task = given.get("task", "mpsp")
     train = {k: given[k] for k in TRAIN_FLAGS if k in given}
@@ -192,7 +192,7 @@ def _config_from_args(given: dict) -> dict:
 
 def _resume_config(out: Path, given: dict) -> dict:
     """The stored config, with --epochs applied; any other flag must agree with it."""
-    from training.runio import read_config
+    from lenslab.training.runio import read_config
 
     cfg = read_config(out)
     for flag, value in given.items():
@@ -213,8 +213,8 @@ def _resume_config(out: Path, given: dict) -> dict:
 
 def _init_config(source: str, given: dict) -> dict:
     """``--init-from``: the source run's settings, overridden by the flags given, starting from its weights."""
-    from training.config import with_init
-    from training.run import Run
+    from lenslab.training.config import with_init
+    from lenslab.training.run import Run
 
     if not Path(source).exists():
         raise UserError(f"--init-from {source}: no such run directory or checkpoint file")
@@ -269,7 +269,7 @@ def _describe(summary: dict, out: Path) -> str:
 
 
 def cmd_train(a: argparse.Namespace) -> dict:
-    from training.trainer import train
+    from lenslab.training.trainer import train
 
     given = _given(a)
     if a.seeds is not None:
@@ -301,14 +301,14 @@ def cmd_train(a: argparse.Namespace) -> dict:
 
 
 def _init_checkpoint(source: str) -> Path:
-    from training.run import Run
+    from lenslab.training.run import Run
 
     return Run.open(source).checkpoint_file().resolve()
 
 
 def _train_seeds(a: argparse.Namespace, given: dict) -> dict:
     """``--seeds``: one run directory per seed under OUT, trained E at a time on stacked weights."""
-    from training.ensemble import train_ensemble
+    from lenslab.training.ensemble import train_ensemble
 
     if "seed" in given:
         raise UserError("give either --seed or --seeds, not both")
@@ -333,8 +333,8 @@ def _train_seeds(a: argparse.Namespace, given: dict) -> dict:
             configs.append(_config_from_args({**given, "seed": s}))
     size = a.ensemble_size
     if size is None:  # measured here, for this model and batch: the fastest size differs by machine
-        from training.calibrate import choose_ensemble_size
-        from training.trainer import resolve_device
+        from lenslab.training.calibrate import choose_ensemble_size
+        from lenslab.training.trainer import resolve_device
 
         size, rates = choose_ensemble_size(configs[0], len(seeds), resolve_device(a.device))
         _log("ensemble size: " + ", ".join(f"E={E} {r:.1f}" for E, r in rates.items()) + f" seed-steps/s measured; using {size}")
@@ -379,7 +379,7 @@ def _batch_size(text: str) -> int:
 
 
 def cmd_sweep(a: argparse.Namespace) -> dict:
-    from training.sweep import plan_sweep, run_sweep
+    from lenslab.training.sweep import plan_sweep, run_sweep
 
     if a.task == "modadd":
         return _sweep_modadd(a)
@@ -399,7 +399,7 @@ def cmd_sweep(a: argparse.Namespace) -> dict:
     _log(f"sweep: {len(plan['members'])} runs ({sizes} x {len(g['seeds'])} seeds) into {a.out}, executor {a.executor}")
     rows = run_sweep(plan, executor=a.executor, workers=a.workers, progress=not a.no_progress, device=a.device)
     if not a.json:
-        from training.outcomes import FAILURES
+        from lenslab.training.outcomes import FAILURES
 
         _print_cells(rows, [
             ("runs", lambda r: r["runs"]), ("gen", lambda r: r["generalized"]), ("rate", lambda r: _fmt(r["rate"], ".2f")),
@@ -427,7 +427,7 @@ def _print_cells(rows: list[dict], columns: list, out: str) -> None:
 
 def _sweep_modadd(a: argparse.Namespace) -> dict:
     """``lenslab sweep --task modadd``: weight decays x train fractions x dtypes x seeds."""
-    from training.sweep import plan_modadd_sweep, run_sweep
+    from lenslab.training.sweep import plan_modadd_sweep, run_sweep
 
     stray = [f for f, v in (("--layers", a.layers), ("--heads", a.heads), ("--ratios", a.ratios), ("--seq-len", a.seq_len), ("--n-values", a.n_values),
                             ("--batch-size", a.batch_size), ("--label", a.label), ("--shortcut", a.shortcut), ("--n-train", a.n_train))
@@ -452,8 +452,8 @@ def _sweep_modadd(a: argparse.Namespace) -> dict:
 
 
 def cmd_demo(a: argparse.Namespace) -> dict:
-    from training.config import mpsp_run_config
-    from training.trainer import train
+    from lenslab.training.config import mpsp_run_config
+    from lenslab.training.trainer import train
 
     out = Path(a.out)
     cfg = mpsp_run_config(ratio=0.9, layers=2, heads=2, epochs=a.epochs, seed=a.seed)
@@ -469,7 +469,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
             "adversarial accuracy (all anti-shortcut) is the true rule. 'phase 2' is when adversarial rises while validation stays ~1."
         )
         print(f"metrics per evaluation: {out / 'metrics.jsonl'}")
-    from interp.inspect import write_inspection
+    from lenslab.interp.inspect import write_inspection
 
     _log("inspecting the run ...")
     inspection, report = write_inspection(out)
@@ -543,11 +543,11 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
     parser = build_parser()
     a = parser.parse_args(argv)
-    from tasks.errors import LenslabError
-    from training.trainer import Interrupted
+    from lenslab.tasks.errors import LenslabError
+    from lenslab.training.trainer import Interrupted
 
     try:
-        from training.runio import refuse_pickle_inputs
+        from lenslab.training.runio import refuse_pickle_inputs
 
         refuse_pickle_inputs(*(getattr(a, k, None) for k in ("run_dir", "path", "out", "init_from")))  # never unpickle an input
         result = a.func(a)

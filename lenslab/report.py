@@ -47,7 +47,7 @@ def render_report(title: str, sections: Sequence[tuple[str, Sequence[Any]]]) -> 
             body.append(h)
     scripts = [f'<script type="text/javascript">{get_plotlyjs()}</script>']
     if needs_cv:
-        from interp.visual import circuitsvis_bundle_html
+        from lenslab.interp.visual import circuitsvis_bundle_html
 
         scripts.append(circuitsvis_bundle_html())
     return (

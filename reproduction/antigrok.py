@@ -31,7 +31,7 @@ TASK = {"p": 31, "train_frac": 0.3}
 
 
 def configs(dtype: str, epochs: int, n_evals: int) -> tuple[list[dict], list[str]]:
-    from training.config import modadd_run_config
+    from lenslab.training.config import modadd_run_config
 
     cfgs, names = [], []
     for wd in ARMS[dtype]:
@@ -42,7 +42,7 @@ def configs(dtype: str, epochs: int, n_evals: int) -> tuple[list[dict], list[str
 
 
 def train(root: Path, epochs: int, n_evals: int, dtypes: tuple[str, ...] = tuple(ARMS)) -> None:
-    from training.ensemble import train_ensemble
+    from lenslab.training.ensemble import train_ensemble
 
     for dtype in dtypes:
         cfgs, names = configs(dtype, epochs, n_evals)
@@ -54,10 +54,10 @@ def report(root: Path, out: Path) -> None:
     """Per run and checkpoint: accuracies, collapse numbers, traps per matrix and HTSR alpha -> trajectory.csv, summary.json, antigrok.html."""
     import csv
 
-    from interp.spectral import traps_command
+    from lenslab.interp.spectral import traps_command
     from reproduction.figures import write_figure
-    from training.outcomes import modadd_outcome
-    from training.run import Run
+    from lenslab.training.outcomes import modadd_outcome
+    from lenslab.training.run import Run
 
     out.mkdir(parents=True, exist_ok=True)
     table, summary = [], {}

@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reproduction.figures import write_figure
-from training.run import Run
-from training.sweep import summarize_sweep, sweep_figure
+from lenslab.training.run import Run
+from lenslab.training.sweep import summarize_sweep, sweep_figure
 
 
 def main(sweep_dir: str, out_dir: str) -> None:

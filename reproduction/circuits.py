@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from interp.inspect import write_inspection
+from lenslab.interp.inspect import write_inspection
 from reproduction.figures import write_figure
 
 KEYS = ("qk_rho_w", "ov_parity_rho_w", "pos0_mass_w", "qk_rho_a", "ov_parity_rho_a", "pos0_mass_a",

@@ -29,11 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from interp.spectral import trap_counts_over_run, trap_jsd
+from lenslab.interp.spectral import trap_counts_over_run, trap_jsd
 from reproduction.figures import write_figure
-from training.config import modadd_run_config, with_init
-from training.run import Run
-from training.trainer import train
+from lenslab.training.config import modadd_run_config, with_init
+from lenslab.training.run import Run
+from lenslab.training.trainer import train
 
 
 def continuation(grok_dir: Path, a: argparse.Namespace, weight_decay: float) -> tuple[list[dict], Run]:

@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reproduction.figures import write_figure
-from training.outcomes import FAILURES
-from training.sweep import summarize_sweep
+from lenslab.training.outcomes import FAILURES
+from lenslab.training.sweep import summarize_sweep
 
 COLOURS = {"memorized": "#d62728", "shortcut": "#ff7f0e", "chance": "#7f7f7f", "constant": "#8c564b", "climbing": "#2ca02c", "partial": "#bcbd22"}
 

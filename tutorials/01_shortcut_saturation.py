@@ -59,15 +59,15 @@ from IPython.display import display
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto without ipywidgets; we pass progress=False anyway
 
-from interp import visual
-from interp.common import readout_logits
-from interp.evolution import circuit_evolution, detect_phase2
-from interp.fingerprints import activation_fingerprints, weight_fingerprints
-from interp.patching import cross_split_patching, logit_diff
-from tasks import MPSPTask, make_mpsp_splits
-from training.config import mpsp_run_config
-from training.run import Run
-from training.trainer import train
+from lenslab.interp import visual
+from lenslab.interp.common import readout_logits
+from lenslab.interp.evolution import circuit_evolution, detect_phase2
+from lenslab.interp.fingerprints import activation_fingerprints, weight_fingerprints
+from lenslab.interp.patching import cross_split_patching, logit_diff
+from lenslab.tasks import MPSPTask, make_mpsp_splits
+from lenslab.training.config import mpsp_run_config
+from lenslab.training.run import Run
+from lenslab.training.trainer import train
 
 # The figure as JSON, drawn by the plotly extension that ships in the plotly wheel (JupyterLab,
 # Notebook 7, VS Code): nothing is fetched. plotly's "notebook" renderer would load MathJax from a CDN.

@@ -69,12 +69,12 @@ from IPython.display import display
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto without ipywidgets; we pass progress=False anyway
 
-from interp import visual
-from interp.common import readout_logits
-from interp.spectral import detect_traps, esd_figure, extract_matrices, trap_count_figure, trap_counts_over_run, trap_jsd
-from training.config import modadd_run_config, with_init
-from training.run import Run
-from training.trainer import train
+from lenslab.interp import visual
+from lenslab.interp.common import readout_logits
+from lenslab.interp.spectral import detect_traps, esd_figure, extract_matrices, trap_count_figure, trap_counts_over_run, trap_jsd
+from lenslab.training.config import modadd_run_config, with_init
+from lenslab.training.run import Run
+from lenslab.training.trainer import train
 
 # The figure as JSON, drawn by the plotly extension that ships in the plotly wheel (JupyterLab,
 # Notebook 7, VS Code): nothing is fetched. plotly's "notebook" renderer would load MathJax from a CDN.

@@ -253,7 +253,7 @@ def check_device(allow_cpu: bool):
 
 def check_paper2_interface(tiny: bool) -> None:
     """Part d needs the training settings dtype, eval_schedule and n_evals (issue 15): refuse early without them."""
-    from training.errors import ConfigError
+    from lenslab.training.errors import ConfigError
 
     try:
         paper2_config(0.0, 100, tiny)
@@ -333,7 +333,7 @@ def ht_outputs(models, tokens, labels):
     import torch
     import torch.nn.functional as F
 
-    from training.gradients import readout_logits
+    from lenslab.training.gradients import readout_logits
 
     logits, grads = [], {}
     for e, m in enumerate(models):
@@ -359,7 +359,7 @@ def stack_outputs(fwd, ens, tokens, labels):
 
 
 def paper1_model_kwargs() -> dict:
-    from training.config import mpsp_run_config
+    from lenslab.training.config import mpsp_run_config
 
     return mpsp_run_config(layers=2, heads=2, **PAPER1_REGIME)["model"]
 
@@ -386,8 +386,8 @@ def random_batch(mk: dict, E: int, B: int, device, seed: int = 0):
 # ---- part a ------------------------------------------------------------------------------------------
 def part_a(ctx: Ctx, allow_s: float | None = None) -> dict:
     """Stacked vs HookedTransformer, each against a float64 HookedTransformer, per precision (eager)."""
-    from training.presets import build_model
-    from training.stacked import StackedTransformer
+    from lenslab.training.presets import build_model
+    from lenslab.training.stacked import StackedTransformer
 
     E, B = (TINY["check_E"], TINY["check_batch"]) if ctx.tiny else (4, 256)
     mk = paper1_model_kwargs()
@@ -425,10 +425,10 @@ def deterministic_smoke(ens, model, tokens, labels) -> str:
     mode: an op with no deterministic CUDA kernel fails here, in seconds, rather than in part c or d."""
     import torch.nn.functional as F
 
-    from training.ensemble import ensemble_step
-    from training.gradients import readout_logits
-    from training.stacked_adamw import StackedAdamW
-    from training.trainer import deterministic_algorithms
+    from lenslab.training.ensemble import ensemble_step
+    from lenslab.training.gradients import readout_logits
+    from lenslab.training.stacked_adamw import StackedAdamW
+    from lenslab.training.trainer import deterministic_algorithms
 
     E, B = labels.shape
     try:
@@ -540,8 +540,8 @@ class GraphStep:
 
 def build_stack(mk: dict, E: int, device):
     """E members for timing: min(E, 8) seeded inits, tiled (values matter little for speed; shapes do)."""
-    from training.presets import build_model
-    from training.stacked import StackedTransformer
+    from lenslab.training.presets import build_model
+    from lenslab.training.stacked import StackedTransformer
 
     models = [build_model(mk, seed=s, device=str(device)) for s in range(min(E, 8))]
     base = StackedTransformer.from_models(models)
@@ -612,8 +612,8 @@ def measure_item(ctx: Ctx, item: SpeedItem, row: dict, cache: dict, mk: dict, B:
     """Check and time one (E, precision, mode) into ``row``; returns why it was skipped, or None."""
     import torch
 
-    from training.ensemble import ensemble_step
-    from training.stacked_adamw import StackedAdamW
+    from lenslab.training.ensemble import ensemble_step
+    from lenslab.training.stacked_adamw import StackedAdamW
 
     dev = ctx.device
     if cache.get("E") != item.E:  # one stack, its float64 reference outputs and the data per E
@@ -817,7 +817,7 @@ def sweep_progress(root: Path) -> int:
 
 
 def part_c(ctx: Ctx, allow_s: float) -> dict:
-    from training.sweep import plan_sweep, run_sweep, summarize_sweep
+    from lenslab.training.sweep import plan_sweep, run_sweep, summarize_sweep
 
     budget = ctx.budget.sub(allow_s)
     root = ctx.work / "paper1"
@@ -877,7 +877,7 @@ def part_c(ctx: Ctx, allow_s: float) -> dict:
 
 # ---- part d ------------------------------------------------------------------------------------------
 def paper2_config(weight_decay: float, steps: int, tiny: bool, n_evals: int | None = None) -> dict:
-    from training.config import modadd_run_config
+    from lenslab.training.config import modadd_run_config
 
     p2 = {**PAPER2, **TINY["paper2"]} if tiny else PAPER2
     return modadd_run_config(p=p2["p"], train_frac=p2["train_frac"], weight_decay=weight_decay, epochs=steps, batch_size=None,
@@ -886,9 +886,9 @@ def paper2_config(weight_decay: float, steps: int, tiny: bool, n_evals: int | No
 
 def train_members(configs: list[dict], outs: list[Path], device, on_eval) -> str:
     """The stacked engine when it takes these configs, else the single-seed trainer one by one; returns which."""
-    from training.ensemble import train_ensemble
-    from training.errors import ConfigError
-    from training.trainer import train
+    from lenslab.training.ensemble import train_ensemble
+    from lenslab.training.errors import ConfigError
+    from lenslab.training.trainer import train
 
     try:
         train_ensemble(configs, outs, progress=False, device=str(device), on_eval=lambda e, row: on_eval(e, row))
@@ -930,7 +930,7 @@ def nice_floor(x: float) -> int:
 
 
 def part_d(ctx: Ctx, allow_s: float) -> dict:
-    from training.run import Run
+    from lenslab.training.run import Run
 
     budget = ctx.budget.sub(allow_s)
     p2 = {**PAPER2, **TINY["paper2"]} if ctx.tiny else {**PAPER2, "cal_steps": 400}
@@ -998,13 +998,13 @@ def part_d(ctx: Ctx, allow_s: float) -> dict:
 
 
 def traps_over_run(run_dir: Path, max_checkpoints: int, workers: int) -> list[dict]:
-    from interp.spectral import trap_counts_over_run
+    from lenslab.interp.spectral import trap_counts_over_run
 
     return [dict(r) for r in trap_counts_over_run(run_dir, workers=workers, max_checkpoints=max_checkpoints)]
 
 
 def _checkpoint_dtype(run_dir: Path, epochs: list[int]) -> str | None:
-    from training.runio import checkpoint_path, read_safetensors
+    from lenslab.training.runio import checkpoint_path, read_safetensors
 
     if not epochs:
         return None
@@ -1013,7 +1013,7 @@ def _checkpoint_dtype(run_dir: Path, epochs: list[int]) -> str | None:
 
 
 def write_paper2_figure(members: list[dict], path: Path) -> None:
-    from interp.spectral import trap_count_figure
+    from lenslab.interp.spectral import trap_count_figure
 
     parts = []
     for i, m in enumerate(members):
@@ -1025,7 +1025,7 @@ def write_paper2_figure(members: list[dict], path: Path) -> None:
 
 def pack_runs(outs: list[Path], tar_path: Path, max_bytes: int = 15 * 2**20) -> dict:
     """The members' run directories in one tar (config, splits, metrics, summary, and as many checkpoints as fit)."""
-    from training.runio import list_checkpoints
+    from lenslab.training.runio import list_checkpoints
 
     small, ckpts = [], []
     for out in outs:

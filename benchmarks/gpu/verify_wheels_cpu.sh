@@ -25,8 +25,8 @@ export PYTHONPATH="$SITE:$REPO" OMP_NUM_THREADS=1
 "$VENV/bin/python" - <<'PY'
 import importlib, sys, warnings
 warnings.filterwarnings("ignore")
-mods = ["transformer_lens", "training.sweep", "training.ensemble", "training.trainer", "training.stacked",
-        "training.config", "training.outcomes", "interp.spectral", "interp.spectral.run"]
+mods = ["transformer_lens", "lenslab.training.sweep", "lenslab.training.ensemble", "lenslab.training.trainer", "lenslab.training.stacked",
+        "lenslab.training.config", "lenslab.training.outcomes", "lenslab.interp.spectral", "lenslab.interp.spectral.run"]
 for m in mods:
     importlib.import_module(m)
 absent = [m for m in ("circuitsvis", "wandb", "beartype", "typeguard", "fancy_einsum", "ray") if m in sys.modules]

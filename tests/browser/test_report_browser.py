@@ -113,9 +113,9 @@ def test_controls_fail(browser, tmp_path):
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     """report.html of a tiny trained MPSP run (1 layer, 2 heads, 4 epochs, 3 checkpoints)."""
-    from interp.inspect import write_inspection
-    from training.config import mpsp_run_config
-    from training.trainer import train
+    from lenslab.interp.inspect import write_inspection
+    from lenslab.training.config import mpsp_run_config
+    from lenslab.training.trainer import train
 
     run = tmp_path_factory.mktemp("browser") / "run"
     cfg = mpsp_run_config(seq_len=4, n_values=8, n_train=1024, n_val=256, n_adv=256, layers=1, heads=2, epochs=4, eval_every=2, lr=3e-3, batch_size=256)

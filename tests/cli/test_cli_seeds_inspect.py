@@ -6,9 +6,9 @@ import json
 
 from test_cli_train import TINY, run_cli
 
-from training.presets import build_model
-from training.run import Run
-from training.runio import save_checkpoint
+from lenslab.training.presets import build_model
+from lenslab.training.run import Run
+from lenslab.training.runio import save_checkpoint
 
 
 def test_train_seeds_writes_one_run_per_seed(tmp_path, capsys):

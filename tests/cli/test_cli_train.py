@@ -117,8 +117,8 @@ def test_traps_and_inspect_commands(capsys, tmp_path):
 
 
 def test_train_float64_log_schedule_and_resume_refusals(capsys, tmp_path):
-    from training.config import log_schedule
-    from training.run import Run
+    from lenslab.training.config import log_schedule
+    from lenslab.training.run import Run
 
     run = tmp_path / "run"
     rc, _, err = run_cli(capsys, "train", *TINY, "--epochs", "12", "--dtype", "float64", "--eval-schedule", "log", "--n-evals", "4",

@@ -136,8 +136,8 @@ def test_precision_context_restores_flags():
 
 
 def test_stacked_vs_hooked_transformer_check_passes_and_can_fail():
-    from training.presets import build_model
-    from training.stacked import StackedTransformer
+    from lenslab.training.presets import build_model
+    from lenslab.training.stacked import StackedTransformer
 
     mk = dr.paper1_model_kwargs()
     models = [build_model(mk, seed=s) for s in range(2)]
@@ -220,7 +220,7 @@ def test_bad_part_is_one_line(tmp_path, capsys):
 
 
 def test_paper2_interface_missing_is_one_line(tmp_path, capsys, monkeypatch):
-    from training.errors import ConfigError
+    from lenslab.training.errors import ConfigError
 
     def old_lenslab(*a, **k):
         raise ConfigError("unknown training setting(s) ['dtype', 'eval_schedule', 'n_evals']; known: [...]")
@@ -280,7 +280,7 @@ def test_part_a_disagreement_stops_with_exit_3(tmp_path, capsys, monkeypatch):
 def test_part_c_fits_its_epochs_to_the_budget(tmp_path, monkeypatch):
     """Fake sweeps (start-up S = 20 s, I = 10 s per 50 epochs) on a fake clock: part c measures S and I from
     two calls, then trains as many intervals as its allowance holds, keeping time to summarize."""
-    from training import sweep
+    from lenslab.training import sweep
 
     clock = FakeClock()
     state = {"epochs": 0, "calls": []}

@@ -7,10 +7,10 @@ import warnings
 import pytest
 import torch
 
-from tasks import MPSPTask, make_mpsp_splits
-from training.config import mpsp_run_config
-from training.presets import build_model, mpsp_model_config
-from training.runio import append_jsonl, atomic_write_json, save_checkpoint, save_splits
+from lenslab.tasks import MPSPTask, make_mpsp_splits
+from lenslab.training.config import mpsp_run_config
+from lenslab.training.presets import build_model, mpsp_model_config
+from lenslab.training.runio import append_jsonl, atomic_write_json, save_checkpoint, save_splits
 
 warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
 

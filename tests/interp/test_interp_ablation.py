@@ -2,8 +2,8 @@ import pytest
 import torch
 from interp_handmade import copy_first_model, random_tokens
 
-from interp.ablation import Ablation, AttnTarget, HeadTarget, MLPTarget, ResidTarget, evaluate_ablations
-from interp.common import InterpError, label_vs_shortcut_diff
+from lenslab.interp.ablation import Ablation, AttnTarget, HeadTarget, MLPTarget, ResidTarget, evaluate_ablations
+from lenslab.interp.common import InterpError, label_vs_shortcut_diff
 
 
 @pytest.fixture(scope="module")

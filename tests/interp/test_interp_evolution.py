@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from interp.evolution import circuit_evolution, detect_phase2, select_checkpoints
-from training.errors import RunError
-from training.run import Run
-from training.runio import read_jsonl
+from lenslab.interp.evolution import circuit_evolution, detect_phase2, select_checkpoints
+from lenslab.training.errors import RunError
+from lenslab.training.run import Run
+from lenslab.training.runio import read_jsonl
 
 
 def test_one_row_per_checkpoint(fake_run):

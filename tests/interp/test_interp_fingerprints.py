@@ -3,8 +3,8 @@ import torch
 from interp_handmade import N_VALUES, fingerprint_model, random_tokens
 from transformer_lens import utils
 
-from interp.common import InterpError
-from interp.fingerprints import activation_fingerprints, head_fingerprint, qk_circuit, weight_fingerprints
+from lenslab.interp.common import InterpError
+from lenslab.interp.fingerprints import activation_fingerprints, head_fingerprint, qk_circuit, weight_fingerprints
 
 
 @pytest.mark.parametrize("mode", ["weights", "activations"])

@@ -2,9 +2,9 @@ import pytest
 import torch
 from transformer_lens import patching as tlp
 
-from interp.common import InterpError
-from interp.patching import DIRECTIONS, cross_split_patching, logit_diff, normalized_logit_diff_metric, patch_grid
-from training.presets import build_model
+from lenslab.interp.common import InterpError
+from lenslab.interp.patching import DIRECTIONS, cross_split_patching, logit_diff, normalized_logit_diff_metric, patch_grid
+from lenslab.training.presets import build_model
 
 TL = {
     "resid_pre": tlp.get_act_patch_resid_pre,

@@ -12,8 +12,8 @@ import re
 import plotly.graph_objects as go
 import pytest
 
-from interp.inspect import inspect_run, inspection_sections
-from interp.visual import AttentionView, attention_view
+from lenslab.interp.inspect import inspect_run, inspection_sections
+from lenslab.interp.visual import AttentionView, attention_view
 from lenslab.report import write_report
 
 URL = r"""["']?\s*(?:https?:)?//"""
@@ -56,7 +56,7 @@ def test_report_is_offline_and_inlines_bundles_once(tmp_path, trained, splits):
 
 
 def test_notebook_repr_inlines_bundle_once_per_kernel(trained, splits):
-    from interp import visual
+    from lenslab.interp import visual
 
     visual._BUNDLE_SHOWN = False
     v = attention_view(trained, splits["validation_tokens"][0], 8)
@@ -90,8 +90,8 @@ def test_inspect_run_end_to_end(fake_run, inspected):
 
 def test_inspect_run_traps(fake_run, inspected):
     """The report's trap numbers equal detect_traps on each checkpoint's matrices, taken in memory."""
-    from interp.spectral import detect_traps, extract_matrices
-    from training.run import Run
+    from lenslab.interp.spectral import detect_traps, extract_matrices
+    from lenslab.training.run import Run
 
     result = inspected
     traps = result["traps"]
@@ -116,7 +116,7 @@ def test_inspect_run_traps(fake_run, inspected):
 
 
 def test_each_head_keeps_one_colour_across_the_fingerprint_panels():
-    from interp.visual import fingerprint_evolution_figure
+    from lenslab.interp.visual import fingerprint_evolution_figure
 
     rows = [{"epoch": e, "head_name": h, "qk_rho_w": 0.1, "pos0_mass_w": 0.2, "ov_parity_rho_w": 0.3} for e in (0, 5) for h in ("L0H0", "L0H1", "L1H0")]
     fig = fingerprint_evolution_figure(rows)
@@ -128,7 +128,7 @@ def test_each_head_keeps_one_colour_across_the_fingerprint_panels():
 
 
 def test_the_limits_line_reads_as_a_sentence():
-    from interp.inspect import _limits_sentence
+    from lenslab.interp.inspect import _limits_sentence
 
     text = _limits_sentence({"patching_pairs": 256, "max_examples": 2048, "evolution": "12 of 40 checkpoints", "traps": "robust mode"})
     assert text == "Limits: cross-split patching on 256 pairs, at most 2048 examples per split; evolution: 12 of 40 checkpoints; traps: robust mode."

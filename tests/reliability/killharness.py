@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PRELOAD = ["torch", "training.trainer", "training.run", "lenslab.cli"]
+PRELOAD = ["torch", "lenslab.training.trainer", "lenslab.training.run", "lenslab.cli"]
 ACTIONS = ("kill", "tear", "after")
 _TMP = re.compile(r"^(\..+?)\.[^.]+\.tmp$")
 
@@ -293,8 +293,8 @@ def check_run_after_kill(run_dir: str | Path, reference: dict[str, bytes]) -> li
     into the model; and every file in place other than config / summary / metrics is bitwise the
     reference's (atomic writes: a file is complete or absent). Temp files are left to the resume.
     """
-    from training.errors import RunError
-    from training.run import Run
+    from lenslab.training.errors import RunError
+    from lenslab.training.run import Run
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
@@ -325,8 +325,8 @@ def read_jsonl_bytes(data: bytes) -> list[dict]:
 
 def lock_probe(run_dir: str, go: str, done: str, result: str) -> None:
     """Child for lock races: wait for ``go``, try the run lock, write won/refused, hold it until ``done``."""
-    from training.errors import RunError
-    from training.runio import RunLock
+    from lenslab.training.errors import RunError
+    from lenslab.training.runio import RunLock
 
     while not Path(go).exists():
         time.sleep(0.001)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
 from helpers import tiny_modadd
 
 from lenslab.cli import build_parser, main
-from training.trainer import train
+from lenslab.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_TIMEOUT_S = 120  # an example that runs longer is a hang (a budget flag that escaped its bound)

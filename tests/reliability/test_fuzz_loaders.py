@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
 from helpers import tiny_config
 
-from interp.spectral import traps_command
-from tasks.errors import LenslabError
-from training.presets import build_model
-from training.run import Run
-from training.runio import (
+from lenslab.interp.spectral import traps_command
+from lenslab.tasks.errors import LenslabError
+from lenslab.training.presets import build_model
+from lenslab.training.run import Run
+from lenslab.training.runio import (
     MAX_MODEL_BYTES,
     load_checkpoint_into,
     load_splits,
@@ -33,7 +33,7 @@ from training.runio import (
     read_jsonl,
     read_safetensors,
 )
-from training.trainer import train
+from lenslab.training.trainer import train
 
 FUZZ = settings(max_examples=40, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
 MEMORY_SLACK = 256 << 20  # a case may not raise the peak RSS by more than this

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from killharness import Fault, diff_runs, lock_probe, out_dir, recover, run_files, train_argv
 
-from training.run import Run
+from lenslab.training.run import Run
 
 
 def _wait_for(path: Path, timeout: float = 300) -> None:

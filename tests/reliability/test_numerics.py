@@ -14,10 +14,10 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
 from helpers import tiny_modadd
 
 from lenslab.cli import main
-from training import trainer
-from training.errors import TrainingDiverged
-from training.run import Run
-from training.runio import atomic_save_safetensors, read_safetensors
+from lenslab.training import trainer
+from lenslab.training.errors import TrainingDiverged
+from lenslab.training.run import Run
+from lenslab.training.runio import atomic_save_safetensors, read_safetensors
 
 
 def poison_after_step(monkeypatch, step: int, value: float) -> None:

@@ -20,10 +20,10 @@ from helpers import tiny_modadd
 from killharness import exec_run
 
 from lenslab.cli import main
-from training.errors import RunError
-from training.run import Run
-from training.runio import load_checkpoint_into, load_splits, read_safetensors
-from training.trainer import train
+from lenslab.training.errors import RunError
+from lenslab.training.run import Run
+from lenslab.training.runio import load_checkpoint_into, load_splits, read_safetensors
+from lenslab.training.trainer import train
 
 
 class Trap:

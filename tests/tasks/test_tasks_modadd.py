@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks import ModAddTask, TaskError, make_modadd_splits
+from lenslab.tasks import ModAddTask, TaskError, make_modadd_splits
 
 
 def test_modadd_covers_every_pair_once_with_correct_labels():

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks import MPSPTask, TaskError, make_mpsp_splits, n_consistent
+from lenslab.tasks import MPSPTask, TaskError, make_mpsp_splits, n_consistent
 
 
 def brute_label(seq, k):
@@ -110,7 +110,7 @@ def task_labels(tokens):
 
 
 def test_all_zero_sequence_needs_two_edits():
-    from tasks.splits import counterfactual_partners
+    from lenslab.tasks.splits import counterfactual_partners
 
     task = MPSPTask(label="sum2", shortcut="max", seq_len=3, n_values=4)
     out = counterfactual_partners(task, np.zeros((1, 3), dtype=np.int64))

@@ -1,6 +1,6 @@
 """Small configs shared by the training tests."""
 
-from training.config import modadd_run_config, mpsp_run_config
+from lenslab.training.config import modadd_run_config, mpsp_run_config
 
 
 def tiny_config(**train):

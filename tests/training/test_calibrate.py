@@ -3,12 +3,12 @@
 import torch
 from helpers import tiny_config
 
-from training.calibrate import choose_ensemble_size
+from lenslab.training.calibrate import choose_ensemble_size
 
 
 def _fake_steps(monkeypatch, seconds_per_step: dict[int, float]):
     """Replace the real step with one that advances a fake clock by ``seconds_per_step[E]``; returns (clock, sizes built)."""
-    import training.calibrate as cal
+    import lenslab.training.calibrate as cal
 
     clock = {"t": 0.0}
     made = []

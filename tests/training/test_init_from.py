@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from lenslab.cli import main
-from training.config import modadd_run_config, mpsp_run_config, with_init
-from training.errors import ConfigError, RunError
-from training.run import Run
-from training.trainer import epoch_generator, train
+from lenslab.training.config import modadd_run_config, mpsp_run_config, with_init
+from lenslab.training.errors import ConfigError, RunError
+from lenslab.training.run import Run
+from lenslab.training.trainer import epoch_generator, train
 
 SRC = dict(p=7, train_frac=0.6, lr=3e-3, eval_every=5, seed=0)
 
@@ -153,7 +153,7 @@ def test_cli_refuses_a_missing_source_and_a_pickle(tmp_path, capsys):
 
 
 def test_ensemble_refuses_an_init_config(source, tmp_path):
-    from training.ensemble import train_ensemble
+    from lenslab.training.ensemble import train_ensemble
 
     cfg = with_init(modadd_run_config(epochs=2, **SRC), source)
     with pytest.raises(ConfigError, match="on its own"):

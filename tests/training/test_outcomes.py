@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.outcomes import classify, constant_share, tail_trend
+from lenslab.training.outcomes import classify, constant_share, tail_trend
 
 
 def _rows(adv, train=None, val=None, anti=None, step=10):
@@ -50,9 +50,9 @@ def test_tail_trend_is_the_least_squares_rise_over_the_last_fifth():
 
 
 def test_constant_share_counts_the_argmax_of_a_real_model():
-    from training.config import mpsp_run_config
-    from training.gradients import readout_logits
-    from training.presets import build_model
+    from lenslab.training.config import mpsp_run_config
+    from lenslab.training.gradients import readout_logits
+    from lenslab.training.presets import build_model
 
     cfg = mpsp_run_config(seq_len=4, n_values=8, layers=1, heads=1)
     model = build_model(cfg["model"], seed=0)

@@ -18,10 +18,10 @@ from helpers import tiny_modadd
 from safetensors.torch import load_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from training.config import log_schedule
-from training.presets import build_model
-from training.runio import list_checkpoints, read_jsonl
-from training.trainer import Interrupted, evaluate, train
+from lenslab.training.config import log_schedule
+from lenslab.training.presets import build_model
+from lenslab.training.runio import list_checkpoints, read_jsonl
+from lenslab.training.trainer import Interrupted, evaluate, train
 
 
 def _tl_at(run_dir, epoch, model_kwargs):
@@ -62,7 +62,7 @@ def test_diagnostics_match_the_checkpoints(tmp_path):
 def test_zero_loss_fraction_counts_exact_zeros_in_the_runs_dtype():
     """A saturated readout: many float32 losses are exactly 0, far fewer in float64 (softmax collapse is a float32 effect)."""
     cfg = tiny_modadd()
-    from training.trainer import make_splits
+    from lenslab.training.trainer import make_splits
 
     splits = make_splits(cfg)
     fracs = {}
@@ -127,7 +127,7 @@ def test_log_schedule_training_resume_and_extension(tmp_path):
 
 
 def test_report_panel_draws_the_diagnostics(tmp_path):
-    from interp.visual import collapse_items
+    from lenslab.interp.visual import collapse_items
     from lenslab.report import render_report
 
     train(tiny_modadd(epochs=2, eval_every=1), tmp_path, progress=False)

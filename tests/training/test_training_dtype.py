@@ -18,11 +18,11 @@ from helpers import tiny_config, tiny_modadd
 from safetensors.torch import load_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from training.config import mpsp_run_config, with_init
-from training.errors import ConfigError, RunError
-from training.run import Run
-from training.runio import read_header, read_jsonl
-from training.trainer import Interrupted, check_dtype_device, epoch_generator, train
+from lenslab.training.config import mpsp_run_config, with_init
+from lenslab.training.errors import ConfigError, RunError
+from lenslab.training.run import Run
+from lenslab.training.runio import read_header, read_jsonl
+from lenslab.training.trainer import Interrupted, check_dtype_device, epoch_generator, train
 
 
 def _tl(model_kwargs: dict, dtype: torch.dtype) -> HookedTransformer:

@@ -20,14 +20,14 @@ import pytest
 import torch
 from helpers import tiny_config, tiny_modadd
 
-from tasks import MPSPTask
-from training.ensemble import check_ensemble, train_ensemble
-from training.errors import ConfigError
-from training.presets import build_model, mpsp_model_config
-from training.run import Run
-from training.stacked import StackedTransformer
-from training.stacked_adamw import StackedAdamW
-from training.trainer import Interrupted, train
+from lenslab.tasks import MPSPTask
+from lenslab.training.ensemble import check_ensemble, train_ensemble
+from lenslab.training.errors import ConfigError
+from lenslab.training.presets import build_model, mpsp_model_config
+from lenslab.training.run import Run
+from lenslab.training.stacked import StackedTransformer
+from lenslab.training.stacked_adamw import StackedAdamW
+from lenslab.training.trainer import Interrupted, train
 
 NOISE_ONLY = "attn.b_K"  # see the module docstring
 
@@ -189,7 +189,7 @@ def test_member_is_bitwise_independent_of_ensemble_size_and_position(tmp_path):
     """Seed 5 trained alone (E=1) and as member 2 of E=4 (neighbours differ in seed, r and weight
     decay): every checkpoint, the resume state and metrics.jsonl are byte-for-byte the same. A
     2L2H model, so both the full and the readout-only block are covered."""
-    from training.config import mpsp_run_config
+    from lenslab.training.config import mpsp_run_config
 
     def cfg(seed, ratio=0.9, wd=0.1):
         return mpsp_run_config(ratio=ratio, layers=2, heads=2, n_train=1024, n_val=128, n_adv=128,

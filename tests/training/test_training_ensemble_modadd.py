@@ -20,11 +20,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.config import modadd_run_config
-from training.ensemble import check_ensemble, train_ensemble
-from training.errors import ConfigError
-from training.run import Run
-from training.trainer import train
+from lenslab.training.config import modadd_run_config
+from lenslab.training.ensemble import check_ensemble, train_ensemble
+from lenslab.training.errors import ConfigError
+from lenslab.training.run import Run
+from lenslab.training.trainer import train
 
 NOISE_ONLY = "attn.b_K"
 

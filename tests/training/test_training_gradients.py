@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from helpers import tiny_config
 
-from tasks import MPSPTask, make_mpsp_splits
-from training.gradients import gradient_dynamics
-from training.presets import build_model
+from lenslab.tasks import MPSPTask, make_mpsp_splits
+from lenslab.training.gradients import gradient_dynamics
+from lenslab.training.presets import build_model
 
 
 def test_against_direct_autograd():

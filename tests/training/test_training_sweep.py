@@ -5,9 +5,9 @@ import json
 import pytest
 from scipy.stats import norm
 
-from training.errors import ConfigError, RunError
-from training.run import Run
-from training.sweep import pack, plan_sweep, run_sweep, wilson
+from lenslab.training.errors import ConfigError, RunError
+from lenslab.training.run import Run
+from lenslab.training.sweep import pack, plan_sweep, run_sweep, wilson
 
 TINY = dict(seq_len=4, n_values=8, n_train=512, n_val=128, n_adv=128, batch_size=256, eval_every=2)
 
@@ -102,8 +102,8 @@ def test_bad_axes_are_refused_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError, match="larger than the train split"):
         plan_sweep(tmp_path / "a", batch_sizes=[100_000], **kw)
     # 4 values of 0..3 (256 sequences) can't hold 16,384 + 2,048 + 2,048 distinct ones; the error names the largest train split
-    from tasks import MPSPTask
-    from tasks.splits import n_consistent
+    from lenslab.tasks import MPSPTask
+    from lenslab.tasks.splits import n_consistent
 
     task = MPSPTask(seq_len=4, n_values=4)
     seqs = task.decode(list(range(task.n_sequences)))  # brute force: count the groups by enumeration
@@ -130,7 +130,7 @@ def test_a_grown_grid_keeps_finished_cells_and_adds_new_ones(tmp_path):
 
 
 def test_results_say_how_each_run_ended(tmp_path):
-    from training.outcomes import OUTCOMES, run_outcome
+    from lenslab.training.outcomes import OUTCOMES, run_outcome
 
     root = tmp_path / "s"
     rows = run_sweep(_plan(root, epochs=3, heads=[1]), workers=1, progress=False)
@@ -151,7 +151,7 @@ def test_results_say_how_each_run_ended(tmp_path):
 
 
 def test_a_second_sweep_process_on_the_folder_is_refused_and_a_killed_ones_leftovers_are_not(tmp_path):
-    from training.runio import RunLock
+    from lenslab.training.runio import RunLock
 
     plan = _plan(tmp_path / "s", epochs=1)
     with RunLock(tmp_path / "s"):  # another process's lock (flock: per open file, so this holds against us too)
@@ -184,7 +184,7 @@ def test_ray_executor_gives_the_local_results(tmp_path):
 
 
 def test_a_plan_written_before_dtype_existed_still_grows(tmp_path):
-    from training.sweep import write_plan
+    from lenslab.training.sweep import write_plan
 
     root = tmp_path / "s"
     write_plan(_plan(root, heads=[1], ratios=[0.9]))

@@ -15,10 +15,10 @@ from helpers import tiny_config, tiny_modadd
 from safetensors.torch import load_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from training.errors import RunError
-from training.presets import build_model
-from training.runio import RunLock, list_checkpoints, read_jsonl
-from training.trainer import Interrupted, is_checkpoint_epoch, train
+from lenslab.training.errors import RunError
+from lenslab.training.presets import build_model
+from lenslab.training.runio import RunLock, list_checkpoints, read_jsonl
+from lenslab.training.trainer import Interrupted, is_checkpoint_epoch, train
 
 
 def weights(run_dir, epoch):
@@ -206,8 +206,8 @@ def test_lock_refuses_a_second_writer_and_recovers_a_stale_one(tmp_path):
 
 
 def test_diverging_loss_stops_with_epoch_named(tmp_path, monkeypatch):
-    from training import trainer
-    from training.errors import TrainingDiverged
+    from lenslab.training import trainer
+    from lenslab.training.errors import TrainingDiverged
 
     real = trainer.readout_logits
     calls = {"n": 0}
@@ -251,7 +251,7 @@ def test_readout_uses_last_position(tmp_path):
     model = build_model(cfg["model"], seed=0)
     tokens = torch.tensor([[1, 2, 3, 4, 8]])
     full = model(tokens)
-    from training.gradients import readout_logits
+    from lenslab.training.gradients import readout_logits
 
     assert torch.equal(readout_logits(model, tokens), full[:, -1])
     assert F.softmax(full[:, -1], -1).shape == (1, 2)
@@ -259,8 +259,8 @@ def test_readout_uses_last_position(tmp_path):
 
 def test_labels_outside_the_models_classes_are_a_clear_error(tmp_path):
     """A splits file whose labels do not fit d_vocab_out is refused on open and on resume, before any step."""
-    from training.run import Run
-    from training.runio import save_splits
+    from lenslab.training.run import Run
+    from lenslab.training.runio import save_splits
 
     cfg = tiny_config()
     out = tmp_path / "run"

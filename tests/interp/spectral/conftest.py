@@ -8,10 +8,10 @@ import pytest
 import torch
 from spectral_helpers import P, write_shard_folder
 
-from tasks import ModAddTask, make_modadd_splits
-from training.config import modadd_run_config
-from training.presets import build_model, modadd_model_config
-from training.runio import append_jsonl, save_checkpoint, save_splits
+from lenslab.tasks import ModAddTask, make_modadd_splits
+from lenslab.training.config import modadd_run_config
+from lenslab.training.presets import build_model, modadd_model_config
+from lenslab.training.runio import append_jsonl, save_checkpoint, save_splits
 
 
 @pytest.fixture

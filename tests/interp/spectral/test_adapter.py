@@ -6,8 +6,8 @@ import einops
 import torch
 from spectral_helpers import P
 
-from interp.spectral import extract_matrices, from_2d, plan_matrices
-from training.presets import build_model
+from lenslab.interp.spectral import extract_matrices, from_2d, plan_matrices
+from lenslab.training.presets import build_model
 
 
 def test_hooked_transformer_default_matrices(modadd_kwargs):

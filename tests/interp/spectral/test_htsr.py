@@ -13,9 +13,9 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from interp.spectral import AlphaFit, alpha_table, fit_power_law, format_traps_table, htsr_alpha, trap_count_figure, traps_command
-from interp.spectral.htsr import EVALS_THRESH, MIN_TAIL, SMALL_N, SMALL_N_K_MIN
-from interp.spectral.run import trap_counts_over_run
+from lenslab.interp.spectral import AlphaFit, alpha_table, fit_power_law, format_traps_table, htsr_alpha, trap_count_figure, traps_command
+from lenslab.interp.spectral.htsr import EVALS_THRESH, MIN_TAIL, SMALL_N, SMALL_N_K_MIN
+from lenslab.interp.spectral.run import trap_counts_over_run
 
 
 def orthonormal(n: int, m: int, g: torch.Generator) -> torch.Tensor:
@@ -139,7 +139,7 @@ def test_a_tail_too_short_is_nan_with_the_value_it_would_have_had():
 
 
 def test_alpha_table_and_traps_output(run_dir, modadd_kwargs):
-    from training.presets import build_model
+    from lenslab.training.presets import build_model
 
     table = alpha_table(build_model(modadd_kwargs, seed=0))
     assert [r["matrix"] for r in table][:2] == ["embed.W_E", "blocks.0.attn.W_Q"]

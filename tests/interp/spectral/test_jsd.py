@@ -9,8 +9,8 @@ import torch
 from scipy.spatial.distance import jensenshannon
 from spectral_helpers import P
 
-from interp.spectral import js_divergence, trap_jsd
-from training.presets import build_model
+from lenslab.interp.spectral import js_divergence, trap_jsd
+from lenslab.training.presets import build_model
 
 
 def test_js_divergence_matches_scipy_symmetric_bounded():
@@ -46,7 +46,7 @@ def test_trap_replacement_ablation(modadd_kwargs):
 
 def test_identity_replacement_gives_zero(modadd_kwargs, monkeypatch):
     """With the replacement W' = W (patched in), every J_k is exactly 0."""
-    import interp.spectral.jsd as jsd_mod
+    import lenslab.interp.spectral.jsd as jsd_mod
 
     model = build_model(modadd_kwargs, seed=0)
     with torch.no_grad():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from spectral_helpers import SPIKES, same_result
 
-from interp.spectral import traps_command
+from lenslab.interp.spectral import traps_command
 
 ray = pytest.importorskip("ray", reason="Ray not installed (pip install 'lenslab[ray]')")
 

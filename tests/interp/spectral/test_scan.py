@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import pytest
 from spectral_helpers import SPIKES, planted, same_result
 
-from interp.spectral import (
+from lenslab.interp.spectral import (
     SpectralError,
     detect_traps,
     esd_figure,
@@ -75,7 +75,7 @@ def test_bad_paths(tmp_path):
 
 
 def test_run_directory_and_checkpoint(run_dir, monkeypatch):
-    from interp.spectral import command
+    from lenslab.interp.spectral import command
 
     monkeypatch.setattr(command, "JSD_NULL", 4)  # keep the test fast; the null's size is not under test here
     monkeypatch.setattr(command, "JSD_PROBES", 64)

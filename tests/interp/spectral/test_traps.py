@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy import integrate
 from spectral_helpers import planted
 
-from interp.spectral import (
+from lenslab.interp.spectral import (
     SpectralError,
     detect_traps,
     make_generator,

@@ -15,7 +15,7 @@ import pytest
 import torch
 from spectral_helpers import planted
 
-from interp.spectral import detect_traps, make_generator, random_permutation
+from lenslab.interp.spectral import detect_traps, make_generator, random_permutation
 
 ww = pytest.importorskip("weightwatcher")
 

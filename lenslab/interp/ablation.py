@@ -1,0 +1,232 @@
+"""Activation ablation (zero / mean / resample) of heads, attention layers, MLPs, residual positions.
+
+An ablation is data: ``Ablation(target=HeadTarget(layer=0, head=1), mode="mean", pos=None)``.
+``evaluate_ablations`` runs many of them in one batched forward per split: the batch is
+repeated once per ablation (plus one unablated copy) and each hook edits only its own slice.
+
+Modes:
+- ``zero``: the activation is set to 0;
+- ``mean``: set to its mean over a reference split (per position, over examples);
+- ``resample``: set to the activation of a random reference example (seeded; row i of the
+  evaluated batch gets reference row ``perm[i]``).
+
+``pos=None`` ablates every position; an int ablates that position only (``ResidTarget`` always
+names its position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer, utils
+
+from lenslab.interp.common import InterpError, Table, check_index, check_tokens, label_vs_shortcut_diff
+
+MODES = ("zero", "mean", "resample")
+
+
+@dataclass(frozen=True)
+class HeadTarget:
+    """One attention head's output before W_O (``blocks.{layer}.attn.hook_z``)."""
+
+    layer: int
+    head: int
+
+    @property
+    def hook_name(self) -> str:
+        return utils.get_act_name("z", self.layer)
+
+    def __str__(self) -> str:
+        return f"L{self.layer}H{self.head}"
+
+
+@dataclass(frozen=True)
+class AttnTarget:
+    """A whole attention layer's output (``hook_attn_out``)."""
+
+    layer: int
+
+    @property
+    def hook_name(self) -> str:
+        return utils.get_act_name("attn_out", self.layer)
+
+    def __str__(self) -> str:
+        return f"L{self.layer}.attn"
+
+
+@dataclass(frozen=True)
+class MLPTarget:
+    """One MLP's output (``hook_mlp_out``)."""
+
+    layer: int
+
+    @property
+    def hook_name(self) -> str:
+        return utils.get_act_name("mlp_out", self.layer)
+
+    def __str__(self) -> str:
+        return f"L{self.layer}.mlp"
+
+
+@dataclass(frozen=True)
+class ResidTarget:
+    """The residual stream entering block ``layer`` at one position (``hook_resid_pre``)."""
+
+    layer: int
+    pos: int
+
+    @property
+    def hook_name(self) -> str:
+        return utils.get_act_name("resid_pre", self.layer)
+
+    def __str__(self) -> str:
+        return f"L{self.layer}.resid_pre@{self.pos}"
+
+
+Target = Union[HeadTarget, AttnTarget, MLPTarget, ResidTarget]
+
+
+@dataclass(frozen=True)
+class Ablation:
+    target: Target
+    mode: str = "mean"
+    pos: int | None = None
+
+    @property
+    def label(self) -> str:
+        where = "" if self.position is None or isinstance(self.target, ResidTarget) else f"@{self.position}"
+        return f"{self.target}{where}:{self.mode}"
+
+    @property
+    def position(self) -> int | None:
+        return self.target.pos if isinstance(self.target, ResidTarget) else self.pos
+
+
+def check_ablation(model: HookedTransformer, ab: Ablation, n_pos: int) -> None:
+    """Raise ``InterpError`` naming the valid range for a bad layer / head / position / mode."""
+    if not isinstance(ab, Ablation):
+        raise InterpError(f"expected an Ablation, got {type(ab).__name__}")
+    if ab.mode not in MODES:
+        raise InterpError(f"unknown ablation mode {ab.mode!r}: choose one of {list(MODES)}")
+    t = ab.target
+    check_index("layer", t.layer, model.cfg.n_layers)
+    if isinstance(t, HeadTarget):
+        check_index("head", t.head, model.cfg.n_heads)
+    if isinstance(t, MLPTarget) and model.cfg.attn_only:
+        raise InterpError(f"{t}: the model is attention-only and has no MLPs")
+    check_index("pos", ab.position, n_pos, allow_none=True)
+
+
+def all_head_ablations(model: HookedTransformer, mode: str = "mean") -> list[Ablation]:
+    return [Ablation(HeadTarget(layer, head), mode) for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
+
+
+def reference_values(
+    model: HookedTransformer, ablations: list[Ablation], reference_tokens: Int[Tensor, "ref pos"] | None
+) -> dict[str, Tensor]:
+    """Cached activations of the reference split at every hook the ablations need."""
+    names = {ab.target.hook_name for ab in ablations if ab.mode != "zero"}
+    if not names:
+        return {}
+    if reference_tokens is None:
+        raise InterpError("mean/resample ablation needs reference_tokens (e.g. the train split)")
+    with torch.no_grad():
+        _, cache = model.run_with_cache(reference_tokens, names_filter=lambda n: n in names)
+    return {n: cache[n] for n in names}
+
+
+def _replacement(ab: Ablation, act_slice: Tensor, ref: Tensor | None, perm: Tensor) -> Tensor:
+    """The value that replaces ``act_slice`` ([n, pos, ...]) for this ablation."""
+    if ab.mode == "zero":
+        return torch.zeros_like(act_slice)
+    if ab.mode == "mean":
+        return ref.mean(0, keepdim=True).expand_as(act_slice)
+    return ref[perm[: act_slice.shape[0]]]
+
+
+def run_ablated(
+    model: HookedTransformer,
+    ablations: list[Ablation],
+    tokens: Int[Tensor, "batch pos"],
+    refs: dict[str, Tensor],
+    seed: int = 0,
+) -> Float[Tensor, "n_ablations_plus_1 batch k"]:
+    """Readout logits: slot 0 unablated, slot i+1 with ``ablations[i]``, all in one forward."""
+    n, n_pos = tokens.shape
+    for ab in ablations:
+        check_ablation(model, ab, n_pos)
+    g = torch.Generator().manual_seed(seed)
+    perms = {name: torch.randint(0, len(r), (n,), generator=g) for name, r in sorted(refs.items())}
+    by_hook: dict[str, list[tuple[int, Ablation]]] = {}
+    for i, ab in enumerate(ablations):
+        by_hook.setdefault(ab.target.hook_name, []).append((i + 1, ab))
+
+    def hook(act: Tensor, hook) -> Tensor:
+        act = act.clone()
+        for slot, ab in by_hook[hook.name]:
+            rows = slice(slot * n, (slot + 1) * n)
+            ref = refs.get(hook.name)
+            repl = _replacement(ab, act[rows], ref, perms.get(hook.name))
+            pos = slice(None) if ab.position is None else slice(ab.position, ab.position + 1)
+            if isinstance(ab.target, HeadTarget):
+                act[rows, pos, ab.target.head] = repl[:, pos, ab.target.head]
+            else:
+                act[rows, pos] = repl[:, pos]
+        return act
+
+    batch = tokens.repeat(len(ablations) + 1, 1)
+    with torch.no_grad():
+        logits = model.run_with_hooks(batch, fwd_hooks=[(name, hook) for name in by_hook])[:, -1]
+    return logits.reshape(len(ablations) + 1, n, -1)
+
+
+def evaluate_ablations(
+    model: HookedTransformer,
+    ablations: list[Ablation],
+    splits: dict[str, tuple[Tensor, Tensor, Tensor]],
+    reference_tokens: Int[Tensor, "ref pos"] | None = None,
+    seed: int = 0,
+    max_rows: int = 16_384,
+) -> Table:
+    """One row per ablation (plus ``"none"``): accuracy and mean logit difference per split.
+
+    ``splits`` maps a name to ``(tokens, labels, shortcut)``. The logit difference is
+    ``label_vs_shortcut_diff`` (true-label minus shortcut logit; the margin over the best other
+    class where label == shortcut). Columns: ``target, kind, layer, head, pos, mode`` and for
+    each split ``acc_<split>``, ``logit_diff_<split>``, ``delta_acc_<split>`` (vs unablated).
+    """
+    n_pos = next(iter(splits.values()))[0].shape[1] if splits else model.cfg.n_ctx
+    for ab in ablations:
+        check_ablation(model, ab, n_pos)
+    refs = reference_values(model, ablations, reference_tokens)
+    rows = Table()
+    base = {"target": "none", "kind": "none", "layer": None, "head": None, "pos": None, "mode": None}
+    rows.append(dict(base))
+    for ab in ablations:
+        t = ab.target
+        rows.append({
+            "target": ab.label,
+            "kind": type(t).__name__.replace("Target", "").lower(),
+            "layer": t.layer,
+            "head": getattr(t, "head", None),
+            "pos": ab.position,
+            "mode": ab.mode,
+        })
+    for name, (tokens, labels, shortcut) in splits.items():
+        tokens = check_tokens(model, tokens, f"{name} tokens")
+        per = max(1, max_rows // len(tokens) - 1)  # ablations per forward
+        logits = [run_ablated(model, [], tokens, refs, seed)[0:1]]
+        for i in range(0, len(ablations), per):
+            logits.append(run_ablated(model, ablations[i : i + per], tokens, refs, seed)[1:])
+        logits = torch.cat(logits)  # [1 + n_ablations, n, k]
+        acc = (logits.argmax(-1) == labels).float().mean(-1)
+        ld = torch.stack([label_vs_shortcut_diff(lg, labels, shortcut).mean() for lg in logits])
+        for r, a, d in zip(rows, acc.tolist(), ld.tolist()):
+            r[f"acc_{name}"] = a
+            r[f"logit_diff_{name}"] = d
+            r[f"delta_acc_{name}"] = a - acc[0].item()
+    return rows

@@ -1,0 +1,95 @@
+"""Shared helpers for interp/: errors, index checks, readout logits, logit differences, tables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from lenslab.tasks.errors import LenslabError
+
+
+class InterpError(LenslabError):
+    """Bad input to an interpretability function (a layer/head/position out of range, ...)."""
+
+
+def check_index(name: str, value: int | None, n: int, allow_none: bool = False) -> int | None:
+    """``value`` must be an int in ``[0, n)``; else one ``InterpError`` line naming the valid range."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+        raise InterpError(f"{name}={value!r} is out of range: valid {name}s are 0..{n - 1}")
+    return value
+
+
+def check_tokens(model: HookedTransformer, tokens: Tensor, name: str = "tokens") -> Int[Tensor, "batch pos"]:
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):
+        raise InterpError(f"{name} must be an integer tensor [batch, pos]; got {getattr(tokens, 'shape', type(tokens))}")
+    if tokens.shape[1] > model.cfg.n_ctx:
+        raise InterpError(f"{name} has {tokens.shape[1]} positions but the model's n_ctx is {model.cfg.n_ctx}")
+    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= model.cfg.d_vocab):
+        raise InterpError(f"{name} holds token ids outside 0..{model.cfg.d_vocab - 1}")
+    return tokens.long()
+
+
+def gather_class(logits: Float[Tensor, "batch k"], cls: Int[Tensor, " batch"]) -> Float[Tensor, " batch"]:
+    return logits.gather(-1, cls.long()[:, None])[:, 0]
+
+
+def label_vs_shortcut_diff(
+    logits: Float[Tensor, "batch k"], labels: Int[Tensor, " batch"], shortcut: Int[Tensor, " batch"]
+) -> Float[Tensor, " batch"]:
+    """Logit of the true label minus logit of the shortcut class.
+
+    Where ``label == shortcut`` (shortcut-consistent examples) the two coincide, so we use the
+    margin instead: true-label logit minus the largest logit among the *other* classes. In both
+    cases a positive value means the model prefers the true label.
+    """
+    true = gather_class(logits, labels)
+    other = logits.clone()
+    other.scatter_(-1, labels.long()[:, None], float("-inf"))
+    runner_up = other.max(-1).values
+    return torch.where(labels == shortcut, true - runner_up, true - gather_class(logits, shortcut))
+
+
+def readout_logits(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], batch_size: int = 4096) -> Float[Tensor, "batch k"]:
+    """Logits at the last (readout) position, computed in chunks without gradients."""
+    with torch.no_grad():
+        return torch.cat([model(tokens[i : i + batch_size])[:, -1] for i in range(0, len(tokens), batch_size)])
+
+
+def head_names(model: HookedTransformer) -> list[str]:
+    return [f"L{layer}H{head}" for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
+
+
+class Table(list):
+    """A list of dict rows (one labeled record each); ``to_records`` for plotly/pandas/JSON."""
+
+    def to_records(self) -> list[dict]:
+        return [dict(r) for r in self]
+
+    def column(self, key: str) -> list:
+        return [r.get(key) for r in self]
+
+    def where(self, **match) -> Table:
+        return Table(r for r in self if all(r.get(k) == v for k, v in match.items()))
+
+    def to_pandas(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.to_records())
+
+
+def subsample(n: int, max_n: int | None, seed: int = 0) -> Int[Tensor, " m"]:
+    """Indices of at most ``max_n`` of ``n`` rows (seeded, sorted); all rows when ``max_n`` is None."""
+    if max_n is None or n <= max_n:
+        return torch.arange(n)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(n, generator=g)[:max_n].sort().values
+
+
+def as_float_list(x: Iterable) -> list[float]:
+    return [float(v) for v in x]

@@ -1,0 +1,59 @@
+"""Trap counts and HTSR α per matrix over the checkpoints of a run, aligned with the run's accuracies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lenslab.interp.common import Table
+from lenslab.interp.spectral.command import traps_command
+
+
+def trap_counts_over_run(
+    path: str | Path,
+    mode: str = "robust",
+    seed: int = 0,
+    n_shuffles: int = 1,
+    workers: int = 2,
+    progress: bool = False,
+    max_checkpoints: int | None = None,
+) -> Table:
+    """Tidy rows ``{epoch, matrix, N, M, n_traps, n_traps_mean, n_traps_std, lambda_plus, threshold, alpha, ks, xmin,
+    n_tail, alpha_reason, error, <acc keys>}`` (α: ``htsr``, NaN with ``alpha_reason`` when it cannot be fitted).
+
+    Every checkpoint, or at most ``max_checkpoints`` spread evenly (first and last kept).
+    Accuracy keys are every ``*_acc`` field of the metrics.jsonl row with the same epoch (None if absent).
+    """
+    from lenslab.interp.evolution import select_checkpoints
+    from lenslab.training.run import Run
+
+    run = Run.open(path)
+    epochs = None if max_checkpoints is None else select_checkpoints(run.epochs(), max_checkpoints)
+    result = traps_command(path, mode=mode, seed=seed, n_shuffles=n_shuffles, workers=workers, progress=progress, epochs=epochs)
+    by_epoch = {m.get("epoch"): m for m in run.metrics}
+    acc_keys = sorted({k for m in run.metrics for k in m if k.endswith("_acc")})
+    rows = Table()
+    for ck in result["checkpoints"]:
+        metrics = by_epoch.get(ck["epoch"], {})
+        accs = {k: metrics.get(k) for k in acc_keys}
+        for r in ck["matrices"]:
+            rows.append(
+                {
+                    "epoch": ck["epoch"],
+                    "matrix": r["name"],
+                    "N": r["N"],
+                    "M": r["M"],
+                    "n_traps": r["n_traps"],
+                    "n_traps_mean": r["n_traps_mean"],
+                    "n_traps_std": r["n_traps_std"],
+                    "lambda_plus": r["lambda_plus"],
+                    "threshold": r["threshold"],
+                    "alpha": r["alpha"],
+                    "ks": r["ks"],
+                    "xmin": r["xmin"],
+                    "n_tail": r["n_tail"],
+                    "alpha_reason": r["alpha_reason"],
+                    "error": r["error"],
+                    **accs,
+                }
+            )
+    return rows

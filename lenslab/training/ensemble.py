@@ -1,0 +1,334 @@
+"""Train E members at once on stacked parameters; each member is an ordinary run directory.
+
+    configs = [mpsp_run_config(ratio=0.9, seed=s) for s in range(8)]
+    summaries = train_ensemble(configs, [f"runs/r09/seed_{s}" for s in range(8)])
+
+Members share the architecture, the dtype and the batch/epoch/evaluation schedule; they may
+differ in the model seed (init and data order), the task's ratio (MPSP) and data seed, the
+learning rate and the weight decay. Both tasks: MPSP (pre-LN) and modular addition (no
+LayerNorm, full batch). Members with different train-split sizes (modadd train fractions)
+cannot share a stack: train them in separate ensembles. Member ``e`` does exactly what ``training.trainer.train(configs[e], outs[e])`` does: the
+same init (``build_model(seed)``), the same batches (``epoch_generator(seed, epoch)``), AdamW
+with the same update, the same evaluations, gradient probes, checkpoints, resume state and
+summary, written in the same formats. Only the arithmetic is batched (``training.stacked``),
+so floats differ in the last bits from the single-seed trainer; the tests state the tolerance.
+
+A member's resume state is the single-seed trainer's format, so any member can be continued by
+either trainer. After a kill, members may stand at different epochs (their files are written
+one member at a time); each member keeps its own epoch counter and the loop runs until all
+reach the target, leaving finished members untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm import tqdm
+
+from lenslab.training.config import check_train
+from lenslab.training.errors import ConfigError, RunError, TrainingDiverged
+from lenslab.training.gradients import gradient_dynamics
+from lenslab.training.presets import build_model
+from lenslab.training.runio import (
+    RESUME_FORMAT,
+    RunLock,
+    append_jsonl,
+    atomic_save_safetensors,
+    atomic_write_json,
+    carry_environment,
+    list_checkpoints,
+    load_run_splits,
+    read_jsonl,
+    rewrite_jsonl,
+    run_environment,
+    save_checkpoint,
+    save_splits,
+)
+from lenslab.training.stacked import StackedTransformer, check_supported
+from lenslab.training.stacked_adamw import StackedAdamW
+from lenslab.training.trainer import (
+    EvalSchedule,
+    Interrupted,
+    _load_resume,
+    _postfix,
+    _prepare_dir,
+    _sigint_flag,
+    _summarize,
+    check_dtype_device,
+    deterministic_algorithms,
+    epoch_generator,
+    evaluate,
+    make_splits,
+    norm_diagnostics,
+    resolve_device,
+)
+
+# members per stack in a sweep, from benchmarks/ensemble_speed.py on 2 cores (benchmarks/results_ensemble_speed_cpu.json):
+# with one process per core (sweep --workers, the default) E = 4 was best, 3.2x the plain TL loop.
+# `lenslab train --seeds` measures the size instead (lenslab/training/calibrate.py): it differs by machine.
+SWEEP_ENSEMBLE = 4
+SHARED_TRAIN = ("epochs", "betas", "batch_size", "eval_every", "ckpt_density", "grad_probe_size", "dtype", "eval_schedule", "n_evals")
+PER_MEMBER = "the model seed, the task's ratio and data seed, lr and weight_decay (dtype and schedules are shared)"
+
+
+def check_ensemble(configs: list[dict]) -> None:
+    """Members must share everything but seed, ratio, data seed, lr and weight decay."""
+    if not configs:
+        raise ConfigError("an ensemble needs at least one member config")
+    for c in configs:
+        check_train(c)
+        if c.get("init") is not None:
+            raise ConfigError("the ensemble engine starts every member from its seed's init; train a run with an 'init' (with_init, --init-from) on its own")
+    first = configs[0]
+    check_supported(first["model"])
+    for i, c in enumerate(configs[1:], 1):
+        if c["model"] != first["model"]:
+            diff = sorted(k for k in set(c["model"]) | set(first["model"]) if c["model"].get(k) != first["model"].get(k))
+            raise ConfigError(f"ensemble member {i} has a different model ({', '.join(diff)}); members may differ only in {PER_MEMBER}")
+        for k in SHARED_TRAIN:
+            if c["train"][k] != first["train"][k]:
+                raise ConfigError(f"ensemble member {i} has train.{k}={c['train'][k]!r}, member 0 {first['train'][k]!r}; members may differ only in {PER_MEMBER}")
+        task_a = {k: v for k, v in c["task"].items() if k not in ("ratio", "seed")}
+        task_b = {k: v for k, v in first["task"].items() if k not in ("ratio", "seed")}
+        if task_a != task_b:
+            raise ConfigError(f"ensemble member {i} has a different task; members may differ only in {PER_MEMBER}")
+
+
+def ensemble_step(
+    ens: StackedTransformer,
+    opt: StackedAdamW,
+    tokens: Int[Tensor, "E n pos"],
+    labels: Int[Tensor, "E n"],
+    idx: Int[Tensor, "E batch"],
+    active: list[bool] | None = None,
+    grads_out: list[Tensor] | None = None,
+) -> Float[Tensor, " E"]:
+    """One AdamW step of every member on its own rows ``idx`` of its train split; returns the losses.
+
+    ``grads_out``, a list, is refilled with this step's stacked gradients (for ``grad_norm``)."""
+    batch = torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, tokens.shape[2]))
+    y = torch.gather(labels, 1, idx)
+    logits = ens(batch)
+    loss_e = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(idx.shape[0], -1).mean(1)
+    grads = list(torch.autograd.grad(loss_e.sum(), list(ens.params)))
+    opt.step(grads, active)
+    if grads_out is not None:
+        grads_out[:] = grads
+    return loss_e.detach()
+
+
+def _resume_tensors(stack: StackedTransformer, opt: StackedAdamW, e: int) -> dict[str, torch.Tensor]:
+    """Member ``e``'s resume state in the single-seed trainer's format (``model.*``, ``optim.i.*``)."""
+    tensors = {f"model.{k}": v for k, v in stack.member_state_dict(e).items()}
+    for i, state in opt.member_state(e).items():
+        for key, val in state.items():
+            tensors[f"optim.{i}.{key}"] = val
+    return tensors
+
+
+class _Member:
+    """One member's run directory, splits, metrics rows and epoch counter."""
+
+    def __init__(self, config: dict, out: Path, resuming: bool):
+        self.config, self.out, self.resuming = config, out, resuming
+        self.rows: list[dict] = []
+        self.epoch = 0
+        self.diverged_at: int | None = None
+        self.summary: dict = {}
+        self.env: dict = {}
+        self.splits: dict[str, torch.Tensor] = {}
+
+
+def train_ensemble(
+    configs: list[dict],
+    outs: list[str | Path],
+    resume: bool = False,
+    progress: bool = True,
+    device: str | None = None,
+    on_eval: Callable[[int, dict], None] | None = None,
+) -> list[dict]:
+    """Train every ``configs[e]`` into ``outs[e]`` in one stacked model; returns the summaries.
+
+    ``resume=True`` continues existing members (each from its own resume state) and starts
+    missing ones. Ctrl-C saves every member and raises ``training.trainer.Interrupted``. A
+    member whose loss turns NaN/inf stops (summary ``diverged``) while the others go on; once
+    all are done, ``TrainingDiverged`` names it.
+    """
+    check_ensemble(configs)
+    if len(outs) != len(configs):
+        raise ConfigError(f"{len(configs)} configs but {len(outs)} output directories")
+    paths = [Path(o) for o in outs]
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise ConfigError("two ensemble members write to the same directory: give each its own --out")
+    dev = resolve_device(device)
+    check_dtype_device(configs[0]["train"]["dtype"], dev)
+    members = [_Member(c, p, _prepare_dir(p, c, resume)) for c, p in zip(configs, paths)]
+    cache: dict[str, dict] = {}
+    for m in members:  # bad sizes fail before anything is written
+        if not m.resuming:
+            key = json.dumps(m.config["task"], sort_keys=True)
+            if key not in cache:
+                cache[key] = make_splits(m.config)
+            m.splits = cache[key]
+    with ExitStack() as stack_ctx:
+        for m in members:
+            m.out.mkdir(parents=True, exist_ok=True)
+            stack_ctx.enter_context(RunLock(m.out))
+        t0 = configs[0]["train"]
+        models = []
+        states = []
+        for m in members:
+            mk = m.config["model"]
+            if m.resuming:
+                m.splits = load_run_splits(m.out, mk)
+            else:
+                save_splits(m.out, m.splits)
+            model = build_model(mk, seed=m.config["train"]["seed"], device=str(dev), dtype=m.config["train"]["dtype"])
+            opt = torch.optim.AdamW(model.parameters(), lr=m.config["train"]["lr"])
+            start = _load_resume(m.out, model, opt) if m.resuming else None
+            if start is not None and start > t0["epochs"]:
+                raise RunError(f"{m.out} has already trained {start} epochs; --epochs is the total and must be >= {start}")
+            atomic_write_json(m.out / "config.json", m.config)
+            rows = read_jsonl(m.out / "metrics.jsonl")
+            if start is None:
+                start, rows = 0, []
+                for _, p in list_checkpoints(m.out):
+                    p.unlink()
+            m.rows = [r for r in rows if r["epoch"] <= start]
+            rewrite_jsonl(m.out / "metrics.jsonl", m.rows)
+            m.epoch = start
+            models.append(model)
+            states.append(opt.state_dict()["state"])
+        ens = StackedTransformer.from_models(models).to(dev)
+        opt = StackedAdamW(
+            list(ens.params),
+            [m.config["train"]["lr"] for m in members],
+            [m.config["train"]["weight_decay"] for m in members],
+            tuple(t0["betas"]),
+        )
+        for e, state in enumerate(states):
+            opt.load_member_state(e, state)
+        template = models[0]
+        return _loop(members, ens, opt, template, dev, progress, on_eval)
+
+
+def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, template, dev, progress, on_eval) -> list[dict]:
+    t = members[0].config["train"]
+    env = run_environment(dev)
+    for m in members:
+        m.env, note = carry_environment(m.out, env, m.epoch)
+        if note is not None:
+            print(note, file=sys.stderr)
+    epochs, bs_cfg = t["epochs"], t["batch_size"]
+    schedule = EvalSchedule.of(t)
+    last_grads: list[Tensor] = []  # the last step's stacked gradients, for each member's grad_norm
+    E = len(members)
+    tokens = torch.stack([m.splits["train_tokens"] for m in members]).to(dev)  # [E, n, pos]
+    labels = torch.stack([m.splits["train_labels"] for m in members]).to(dev)  # [E, n]
+    n = tokens.shape[1]
+    bs = bs_cfg or n
+    dev_splits = [{k: v.to(dev) for k, v in m.splits.items()} for m in members]
+    consistent = [
+        (m.splits["train_labels"] == m.splits["train_shortcut"]).to(dev) if "train_shortcut" in m.splits else None for m in members
+    ]
+
+    def do_eval(e: int) -> None:
+        m = members[e]
+        template.load_state_dict(ens.member_state_dict(e))
+        grads = [g[e] for g in last_grads] if last_grads else None
+        row = {"epoch": m.epoch, **evaluate(template, dev_splits[e], dev), **norm_diagnostics(list(template.named_parameters()), grads)}
+        if consistent[e] is not None:
+            row.update(gradient_dynamics(template, dev_splits[e]["train_tokens"], dev_splits[e]["train_labels"], consistent[e], t["grad_probe_size"]))
+        m.rows.append(row)
+        append_jsonl(m.out / "metrics.jsonl", row)
+        if schedule.checkpoints(m.epoch):
+            save_checkpoint(m.out, m.epoch, template, m.config["model"])
+        save_resume(e)
+        atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "running", m.env))
+        if on_eval is not None:
+            on_eval(e, row)
+
+    def save_resume(e: int) -> None:
+        atomic_save_safetensors(
+            members[e].out / "checkpoints" / "resume.safetensors", _resume_tensors(ens, opt, e), {"format": RESUME_FORMAT, "epoch": str(members[e].epoch)}
+        )
+
+    def running(m: _Member) -> bool:
+        return m.epoch < epochs and m.diverged_at is None
+
+    low = min(m.epoch for m in members)
+    bar = tqdm(total=epochs, initial=low, desc=f"ensemble of {E}", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    ens.train()
+    try:
+        with _sigint_flag() as sigint, deterministic_algorithms():
+            for e, m in enumerate(members):
+                if schedule.evaluates(m.epoch) and (not m.rows or m.rows[-1]["epoch"] != m.epoch):
+                    do_eval(e)  # epoch 0, or an evaluation a kill cut off
+            while any(running(m) for m in members):
+                active = [running(m) for m in members]
+                perm = torch.stack(
+                    [torch.randperm(n, generator=epoch_generator(m.config["train"]["seed"], m.epoch + 1)) if a else torch.arange(n) for m, a in zip(members, active)]
+                ).to(dev)
+                loss_sum = torch.zeros(E, device=dev, dtype=ens.params[0].dtype)
+                for s in range(0, n, bs):
+                    loss_sum += ensemble_step(ens, opt, tokens, labels, perm[:, s : s + bs], active, last_grads)
+                finite = torch.isfinite(loss_sum).tolist()
+                for e, m in enumerate(members):
+                    if not active[e]:
+                        continue
+                    m.epoch += 1
+                    if not finite[e]:
+                        m.diverged_at = m.epoch
+                        last = m.rows[-1]["epoch"] if m.rows else 0
+                        m.summary = _summarize(m.config, m.rows, last, "diverged", m.env)
+                        atomic_write_json(m.out / "summary.json", m.summary)
+                    elif schedule.evaluates(m.epoch):
+                        do_eval(e)
+                new_low = min(m.epoch for m in members if m.diverged_at is None) if any(m.diverged_at is None for m in members) else epochs
+                bar.update(new_low - low)
+                low = new_low
+                bar.set_postfix_str(_ensemble_postfix(members), refresh=False)
+                if sigint["hit"] and any(running(m) for m in members):
+                    for e, m in enumerate(members):
+                        if running(m):
+                            if m.rows[-1]["epoch"] != m.epoch:
+                                save_resume(e)
+                            atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "interrupted", m.env))
+                    where = members[0].out.parent
+                    raise Interrupted(f"interrupted at epoch {low}; all {E} members saved. Continue with: lenslab train ... --out {where} --resume")
+    finally:
+        bar.close()
+    summaries = []
+    for m in members:
+        if m.diverged_at is None:
+            m.summary = _summarize(m.config, m.rows, epochs, "complete", m.env)
+            atomic_write_json(m.out / "summary.json", m.summary)
+        summaries.append(m.summary)
+    bad = [m for m in members if m.diverged_at is not None]
+    if bad:
+        names = ", ".join(f"{m.out} (epoch {m.diverged_at})" for m in bad[:4])
+        raise TrainingDiverged(
+            f"{len(bad)} of {E} members diverged (loss NaN/inf): {names}; their last good checkpoints are kept, "
+            f"the other members completed. Lower --lr for those seeds and start new runs"
+        )
+    return summaries
+
+
+def _ensemble_postfix(members: list[_Member]) -> str:
+    rows = [m.rows[-1] for m in members if m.rows]
+    if not rows:
+        return ""
+    if "adv_acc" in rows[0]:
+        gen = sum(1 for m in members if any(r.get("adv_acc") == 1.0 for r in m.rows))
+        val = sum(r["validation_acc"] for r in rows) / len(rows)
+        adv = sum(r["adv_acc"] for r in rows) / len(rows)
+        return f"generalized {gen}/{len(members)}  mean val {val:.3f} adv {adv:.3f}"
+    return _postfix(rows[0])

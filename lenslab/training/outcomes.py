@@ -1,0 +1,132 @@
+"""What an MPSP run did: generalized, or which way it failed, read from its metrics (and last checkpoint).
+
+    row = run_outcome(Run.open("runs/sweep/L2H2-r0.5-wd0.1-len6/seed_0"))
+    row["outcome"]   # "generalized" | "transient" | "constant" | "chance" | "climbing" | "memorized" | "shortcut" | "partial"
+
+A run *generalized* when it reached 100 % adversarial accuracy at any evaluation (paper 1's rule);
+*transient* when it did but lost it by the end. A run that never did is put in the first of
+these that fits (the thresholds were fixed before the regime-map sweep was looked at):
+
+- ``constant``: at the last checkpoint the model predicts one class for >= 99 % of the train split;
+- ``chance``: its best train accuracy never rose more than 0.05 above chance (1/k);
+- ``climbing``: adversarial accuracy rose by >= 0.05 over the last 20 % of evaluations (least-squares
+  trend), so the run was cut off while still moving: run it longer before judging it;
+- ``memorized``: it fits the train split's anti-shortcut examples (>= 0.9) but not the held-out
+  adversarial split (>= 0.3 lower): it learned the examples, not the rule;
+- ``shortcut``: validation (r = 1) accuracy >= 0.9 with adversarial <= 0.2: it follows the shortcut;
+- ``partial``: anything else (learned something, none of the above).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+CONSTANT_SHARE = 0.99
+CHANCE_MARGIN = 0.05
+CLIMB = 0.05
+TAIL = 0.2
+MEMORIZED_FIT, MEMORIZED_GAP = 0.9, 0.3
+SHORTCUT_VAL, SHORTCUT_ADV = 0.9, 0.2
+OUTCOMES = ("generalized", "transient", "constant", "chance", "climbing", "memorized", "shortcut", "partial")
+FAILURES = OUTCOMES[2:]
+
+
+def tail_trend(epochs: list[int], values: list[float], tail: float = TAIL) -> float | None:
+    """Least-squares change of ``values`` across the last ``tail`` of the evaluations (None with < 3 points)."""
+    n = max(3, int(np.ceil(tail * len(values))))
+    if len(values) < 3:
+        return None
+    x, y = np.asarray(epochs[-n:], dtype=float), np.asarray(values[-n:], dtype=float)
+    if x[-1] == x[0]:
+        return None
+    slope = np.polyfit(x, y, 1)[0]
+    return float(slope * (x[-1] - x[0]))
+
+
+def constant_share(model, tokens: torch.Tensor) -> float:
+    """The largest share of ``tokens`` (the train split) that the model puts in one class."""
+    from lenslab.training.gradients import readout_logits
+
+    with torch.no_grad():
+        pred = torch.cat([readout_logits(model, tokens[s : s + 8192]).argmax(-1) for s in range(0, len(tokens), 8192)])
+    return float(torch.bincount(pred).max()) / len(pred)
+
+
+def classify(rows: list[dict], k: int, share: float | None) -> str:
+    """The outcome (module docstring) of one run's metrics rows; ``share`` from ``constant_share`` or None."""
+    if any(r.get("adv_acc") == 1.0 for r in rows):
+        return "generalized" if rows[-1].get("adv_acc") == 1.0 else "transient"
+    last = rows[-1]
+    if share is not None and share >= CONSTANT_SHARE:
+        return "constant"
+    if max(r["train_acc"] for r in rows) <= 1 / k + CHANCE_MARGIN:
+        return "chance"
+    trend = tail_trend([r["epoch"] for r in rows], [r["adv_acc"] for r in rows])
+    if trend is not None and trend >= CLIMB:
+        return "climbing"
+    anti = last.get("train_anti_acc")
+    if anti is not None and anti >= MEMORIZED_FIT and anti - last["adv_acc"] >= MEMORIZED_GAP:
+        return "memorized"
+    if last["validation_acc"] >= SHORTCUT_VAL and last["adv_acc"] <= SHORTCUT_ADV:
+        return "shortcut"
+    return "partial"
+
+
+def run_outcome(run, check_constant: bool = True) -> dict:
+    """One tidy row for a run (a ``training.run.Run``): the numbers behind its outcome, and the outcome."""
+    rows = run.metrics
+    if not rows:
+        return {"outcome": None}
+    share = None
+    if check_constant and not any(r.get("adv_acc") == 1.0 for r in rows):
+        share = constant_share(run.model(), run.splits["train_tokens"])
+    last = rows[-1]
+    gen = [r["epoch"] for r in rows if r.get("adv_acc") == 1.0]
+    return {
+        "epochs": last["epoch"],
+        "generalized": bool(gen),
+        "first_generalized_epoch": gen[0] if gen else None,
+        "train_acc_final": last["train_acc"],
+        "train_acc_max": max(r["train_acc"] for r in rows),
+        "train_consistent_acc": last.get("train_consistent_acc"),
+        "train_anti_acc": last.get("train_anti_acc"),
+        "validation_acc": last["validation_acc"],
+        "adv_acc_last": last["adv_acc"],
+        "adv_acc_max": max(r["adv_acc"] for r in rows),
+        "adv_trend": tail_trend([r["epoch"] for r in rows], [r["adv_acc"] for r in rows]),
+        "top_class_share": share,
+        "outcome": classify(rows, run.task.k, share),
+    }
+
+
+GROKKED = 0.95  # test accuracy that counts as grokked (paper 2's grokked phase: 0.97)
+ANTI_DROP = 0.1  # a fall of test accuracy this far below its best after grokking counts as anti-grokking (paper 2: 0.97 -> 0.68)
+
+
+def modadd_outcome(run) -> dict:
+    """One tidy row for a modular-addition run: grokked? anti-grokked after? and the softmax-collapse numbers at the end."""
+    rows = run.metrics
+    if not rows:
+        return {"outcome": None}
+    last = rows[-1]
+    best = max(rows, key=lambda r: r["test_acc"])
+    grok = next((r["epoch"] for r in rows if r["test_acc"] >= GROKKED), None)
+    after = [r for r in rows if grok is not None and r["epoch"] >= grok]
+    low = min(after, key=lambda r: r["test_acc"]) if after else None
+    anti = low is not None and low["test_acc"] <= best["test_acc"] - ANTI_DROP
+    outcome = "anti-grokked" if anti else "grokked" if grok is not None else ("memorized" if last["train_acc"] == 1.0 else "training")
+    return {
+        "epochs": last["epoch"],
+        "train_acc_final": last["train_acc"],
+        "test_acc_final": last["test_acc"],
+        "test_acc_best": best["test_acc"],
+        "best_epoch": best["epoch"],
+        "first_grokked_epoch": grok,
+        "anti_grokked_epoch": low["epoch"] if anti else None,
+        "test_acc_after_grok_min": low["test_acc"] if low else None,
+        "max_abs_logit_final": last.get("train_max_abs_logit"),
+        "zero_loss_frac_final": last.get("train_zero_loss_frac"),
+        "weight_norm_final": last.get("weight_norm"),
+        "outcome": outcome,
+    }

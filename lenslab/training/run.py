@@ -1,0 +1,169 @@
+"""Open a run directory (or one checkpoint inside it) as HookedTransformers plus their splits.
+
+    run = Run.open("runs/demo")          # or Run.open("runs/demo/checkpoints/40.safetensors")
+    model = run.model()                  # last checkpoint (or the one the path named)
+    for epoch, model in run.iter_models():   # every checkpoint (or epochs=[...]), one model object reused
+        ...
+    run.splits["adv_tokens"], run.metrics, run.summary
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformer_lens import HookedTransformer
+
+from lenslab.tasks import ModAddTask, MPSPTask
+from lenslab.training.config import torch_dtype
+from lenslab.training.errors import RunError
+from lenslab.training.presets import build_model
+from lenslab.training.runio import (
+    CKPT_RE,
+    list_checkpoints,
+    load_checkpoint_into,
+    load_run_splits,
+    read_config,
+    read_jsonl,
+    refuse_pickle,
+)
+
+
+def task_from_config(task_cfg: dict) -> MPSPTask | ModAddTask:
+    """The task object described by ``config["task"]``."""
+    name = task_cfg.get("name")
+    if name == "mpsp":
+        return MPSPTask(
+            label=task_cfg.get("label"),
+            shortcut=task_cfg.get("shortcut"),
+            seq_len=task_cfg.get("seq_len"),
+            n_values=task_cfg.get("n_values"),
+        )
+    if name == "modadd":
+        return ModAddTask(p=task_cfg.get("p"), train_frac=task_cfg.get("train_frac"))
+    raise RunError(f"config.json: unknown task name {name!r}; expected 'mpsp' or 'modadd'")
+
+
+@dataclass
+class Run:
+    """A run directory, opened read-only."""
+
+    path: Path
+    config: dict
+    focus: Path | None = None  # the checkpoint the user pointed at, if any
+    _splits: dict | None = field(default=None, repr=False)
+
+    @classmethod
+    def open(cls, path: str | Path) -> Run:
+        """A run directory, or a checkpoint file inside ``RUN/checkpoints/``."""
+        path = Path(path)
+        if not path.exists():
+            raise RunError(f"{path}: no such file or directory")
+        focus = None
+        if path.is_file():
+            refuse_pickle(path)
+            focus = path
+            run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+            if not (run_dir / "config.json").is_file():
+                raise RunError(f"{path}: a checkpoint outside a run directory (no config.json in {run_dir})")
+        else:
+            run_dir = path
+        return cls(path=run_dir, config=read_config(run_dir), focus=focus)
+
+    # -- contents --------------------------------------------------------------------
+    @property
+    def task(self) -> MPSPTask | ModAddTask:
+        return task_from_config(self.config["task"])
+
+    @property
+    def is_mpsp(self) -> bool:
+        return self.config["task"].get("name") == "mpsp"
+
+    @property
+    def splits(self) -> dict[str, torch.Tensor]:
+        if self._splits is None:
+            m = self.config["model"]
+            self._splits = load_run_splits(self.path, m)
+        return self._splits
+
+    def split_names(self) -> list[str]:
+        return [k[: -len("_tokens")] for k in self.splits if k.endswith("_tokens")]
+
+    @property
+    def metrics(self) -> list[dict]:
+        return read_jsonl(self.path / "metrics.jsonl")
+
+    @property
+    def summary(self) -> dict | None:
+        p = self.path / "summary.json"
+        if not p.is_file():
+            return None
+        try:
+            return json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise RunError(f"{p}: not valid JSON ({e})") from None
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        return list_checkpoints(self.path)
+
+    def epochs(self) -> list[int]:
+        return [e for e, _ in self.checkpoints()]
+
+    # -- models ----------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        """The precision the run trained (and checkpointed) in: ``config["train"]["dtype"]``."""
+        return torch_dtype(self.config["train"])
+
+    def new_model(self, device: str = "cpu") -> HookedTransformer:
+        """A fresh model of this run's architecture, in the run's dtype. CPU by default (not TL's
+        "cuda when available"): the analysis tools build their inputs on the CPU; pass ``device="cuda"`` to move it."""
+        return build_model(self.config["model"], seed=0, device=device, dtype=self.dtype)
+
+    def checkpoint_file(self, epoch: int | None = None) -> Path:
+        """The checkpoint file of ``epoch`` (default: the focused or the last checkpoint)."""
+        ckpts = self.checkpoints()
+        if epoch is None:
+            if self.focus is not None:
+                return self.focus
+            if not ckpts:
+                raise RunError(f"{self.path}: the run has no checkpoints yet")
+            return ckpts[-1][1]
+        for e, p in ckpts:
+            if e == epoch:
+                return p
+        raise RunError(f"{self.path}: no checkpoint for epoch {epoch}; available: {[e for e, _ in ckpts]}")
+
+    def model(self, epoch: int | None = None, device: str = "cpu") -> HookedTransformer:
+        """The model at ``epoch`` (default: the focused or the last checkpoint), in eval mode."""
+        model = self.new_model(device)
+        load_checkpoint_into(model, self.checkpoint_file(epoch), self.config["model"])
+        return model.eval()
+
+    def focus_epoch(self) -> int | None:
+        if self.focus is None:
+            return None
+        m = CKPT_RE.match(self.focus.name)
+        return int(m.group(1)) if m else None
+
+    def iter_models(self, device: str = "cpu", epochs: Collection[int] | None = None) -> Iterator[tuple[int, HookedTransformer]]:
+        """``(epoch, model)`` over every checkpoint (or those of ``epochs``) in order; one model object, reloaded in place."""
+        ckpts = self.checkpoints()
+        if epochs is not None:
+            wanted = set(epochs)
+            missing = sorted(wanted - {e for e, _ in ckpts})
+            if missing:
+                raise RunError(f"{self.path}: no checkpoint for epoch(s) {missing[:5]}; available: {[e for e, _ in ckpts]}")
+            ckpts = [(e, p) for e, p in ckpts if e in wanted]
+        model = self.new_model(device).eval()
+        for epoch, path in ckpts:
+            load_checkpoint_into(model, path, self.config["model"])
+            yield epoch, model
+
+
+def open_run(path: str | Path) -> Run:
+    """Shorthand for ``Run.open``."""
+    return Run.open(path)
