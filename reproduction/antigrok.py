@@ -1,10 +1,16 @@
 """The anti-grokking probe (issue 15, REPRODUCTION items 6-7): modular addition, fixed weight decay from step 0.
 
+    # probe 1 (p = 31, 30 %): nothing grokked, not even the weight-decay-1 control
     .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok --epochs 10000
     .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok --epochs 30000 --dtypes float64   # extend one arm
     .venv/bin/python reproduction/antigrok.py report ~/lenslab-runs/antigrok reproduction/results/antigrok
+    # probe 2 (p = 31, the train fraction at which the control groks: reproduction/antigrok_pilot.sh)
+    .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok2 --train-frac 0.6 --epochs 100000 --n-evals 150 --dtypes float64 &
+    .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok2 --train-frac 0.6 --epochs 100000 --n-evals 150 --dtypes float32 &
+    .venv/bin/python reproduction/antigrok.py report ~/lenslab-runs/antigrok2 reproduction/results/antigrok2 --train-frac 0.6
 
-Set-up (chosen before any run, from the issue): p = 31, train fraction 0.3 (288 of 961 pairs),
+Set-up (chosen before any run, from the issue): p = 31, train fraction 0.3 (288 of 961 pairs; probe 2:
+``--train-frac``, chosen by the pilot's rule before any weight-decay-0/0.01 run),
 full batch, AdamW lr 1e-3, betas (0.9, 0.98), log-spaced evaluations and checkpoints.
 Arms: float64 at weight decay 0, 0.01 and 1.0 (the grokking control), float32 at weight decay 0
 and 0.01; seeds 0 and 1 each. Each dtype is one stacked ensemble (members differ in seed and
@@ -27,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ARMS = {"float32": (0.0, 0.01), "float64": (0.0, 0.01, 1.0)}
 SEEDS = (0, 1)
-TASK = {"p": 31, "train_frac": 0.3}
+TASK = {"p": 31, "train_frac": 0.3}  # --p / --train-frac override
 
 
 def configs(dtype: str, epochs: int, n_evals: int) -> tuple[list[dict], list[str]]:
@@ -109,7 +115,8 @@ def figure(table: list[dict]):
                           row=j // 2 + 1, col=j % 2 + 1)
     fig.update_xaxes(type="log", title_text="step (full batch: epoch = step)")
     fig.add_hline(y=2, line_dash="dash", line_color="grey", row=2, col=1)
-    fig.update_layout(template="plotly_white", height=1000, title="Modular addition p = 31, 30 % train, weight decay fixed from step 0 (float64 solid, float32 dotted)")
+    fig.update_layout(template="plotly_white", height=1000,
+                      title=f"Modular addition p = {TASK['p']}, {TASK['train_frac']:.0%} train, weight decay fixed from step 0 (float64 solid, float32 dotted)")
     return fig
 
 
@@ -121,7 +128,10 @@ if __name__ == "__main__":
     ap.add_argument("--epochs", type=int, default=10_000)
     ap.add_argument("--n-evals", type=int, default=120)
     ap.add_argument("--dtypes", default="float32,float64", help="which arms to train (comma list)")
+    ap.add_argument("--p", type=int, default=TASK["p"])
+    ap.add_argument("--train-frac", type=float, default=TASK["train_frac"])
     a = ap.parse_args()
+    TASK.update(p=a.p, train_frac=a.train_frac)
     if a.what == "train":
         train(Path(a.root), a.epochs, a.n_evals, tuple(a.dtypes.split(",")))
     else:
