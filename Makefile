@@ -18,7 +18,10 @@ venv: $(BIN)/.installed
 run: venv
 	$(BIN)/lenslab demo
 
+# Lint first (ruff is pinned in pyproject.toml), then the tests.
 # One torch thread per test process: these models are tiny, and on a 2-core machine two threads
 # per process (pytest plus the CLI subprocesses it starts) oversubscribe the cores.
 test: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q

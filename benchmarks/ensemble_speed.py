@@ -101,7 +101,9 @@ def paper_setup(seq_len: int = 5, batch_size: int | None = 512) -> tuple[dict, d
     cfg = mpsp_run_config(ratio=0.9, layers=2, heads=2, seq_len=seq_len)
     cfg["train"]["batch_size"] = batch_size or cfg["task"]["n_train"]
     t = cfg["task"]
-    return cfg, make_mpsp_splits(MPSPTask(seq_len=t["seq_len"], n_values=t["n_values"]), 0.9, t["n_train"], t["n_val"], t["n_adv"], 0)
+    return cfg, make_mpsp_splits(
+        MPSPTask(seq_len=t["seq_len"], n_values=t["n_values"]), 0.9, t["n_train"], t["n_val"], t["n_adv"], 0
+    )
 
 
 def _worker(conn, E: int, threads: int, device: str, setup: tuple) -> None:
@@ -184,7 +186,12 @@ def main() -> None:
     ap.add_argument("--skip-single", action="store_true", help="skip the single-seed trainer")
     ap.add_argument("--seq-len", type=int, default=5, help="MPSP values per sequence (default 5)")
     ap.add_argument("--batch-size", default="512", help="batch size, or full (default 512)")
-    ap.add_argument("--processes", type=int, default=None, help="also time this many ensembles in parallel processes, as lenslab sweep --workers does (1: skip)")
+    ap.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="also time this many ensembles in parallel processes, as lenslab sweep --workers does (1: skip)",
+    )
     a = ap.parse_args()
     dev = torch.device(a.device)
     if a.processes is None:
@@ -194,9 +201,15 @@ def main() -> None:
     t = cfg["task"]
     sizes = [int(x) for x in a.sizes.split(",")]
     out: dict = {
-        "device": str(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "model": f"2L 2H d_model 64 d_mlp 128, seq_len {a.seq_len} (n_ctx {a.seq_len + 1})", "n_train": t["n_train"], "batch_size": cfg["train"]["batch_size"],
-        "steps_per_round": a.steps, "rounds": a.repeats, "sgemm_2048_gflops": round(sgemm_gflops(dev), 1),
+        "device": str(dev),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "model": f"2L 2H d_model 64 d_mlp 128, seq_len {a.seq_len} (n_ctx {a.seq_len + 1})",
+        "n_train": t["n_train"],
+        "batch_size": cfg["train"]["batch_size"],
+        "steps_per_round": a.steps,
+        "rounds": a.repeats,
+        "sgemm_2048_gflops": round(sgemm_gflops(dev), 1),
     }
     steppers = {"plain_tl": plain_tl_stepper(cfg, splits, dev)}
     flops = {}
@@ -216,21 +229,31 @@ def main() -> None:
     for E in sizes:
         per_epoch = per_step[f"ensemble_{E}"] * steps_per_epoch
         out[f"ensemble_{E}"] = {
-            "s_per_epoch": round(per_epoch, 4), "seed_epochs_per_s": round(E / per_epoch, 3),
-            "x_plain_tl": round(tl / (per_epoch / E), 2), "gflops": round(3 * flops[E] * t["n_train"] * E / per_epoch / 1e9, 1),
+            "s_per_epoch": round(per_epoch, 4),
+            "seed_epochs_per_s": round(E / per_epoch, 3),
+            "x_plain_tl": round(tl / (per_epoch / E), 2),
+            "gflops": round(3 * flops[E] * t["n_train"] * E / per_epoch / 1e9, 1),
         }
     if a.processes > 1:
         for E in sizes:
             per_epoch = per_step[f"ensemble_{E}_x{a.processes}proc"] * steps_per_epoch
             n = E * a.processes
             out[f"ensemble_{E}_x{a.processes}proc"] = {
-                "members": n, "threads_per_process": threads, "s_per_epoch": round(per_epoch, 4), "seed_epochs_per_s": round(n / per_epoch, 3),
-                "x_plain_tl": round(tl / (per_epoch / n), 2), "gflops": round(3 * flops[E] * t["n_train"] * n / per_epoch / 1e9, 1),
+                "members": n,
+                "threads_per_process": threads,
+                "s_per_epoch": round(per_epoch, 4),
+                "seed_epochs_per_s": round(n / per_epoch, 3),
+                "x_plain_tl": round(tl / (per_epoch / n), 2),
+                "gflops": round(3 * flops[E] * t["n_train"] * n / per_epoch / 1e9, 1),
             }
     if not a.skip_single:
         st = single_trainer(cfg, a.epochs, dev)
-        out["single_trainer"] = {"s_per_seed_epoch": round(st, 4), "seed_epochs_per_s": round(1 / st, 3), "x_plain_tl": round(tl / st, 2),
-                                 "note": f"end to end over {a.epochs} epoch(s), including 2 evaluations with gradient probes; not interleaved"}
+        out["single_trainer"] = {
+            "s_per_seed_epoch": round(st, 4),
+            "seed_epochs_per_s": round(1 / st, 3),
+            "x_plain_tl": round(tl / st, 2),
+            "note": f"end to end over {a.epochs} epoch(s), including 2 evaluations with gradient probes; not interleaved",
+        }
     keys = [k for k in out if k.startswith("ensemble_")]
     best = max(keys, key=lambda k: out[k]["seed_epochs_per_s"])
     out["best"] = best

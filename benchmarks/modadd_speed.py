@@ -105,16 +105,27 @@ def main() -> None:
                     best[k] = min(best[k], _time(step, a.steps, dev))
             plain = 1 / best["plain"]
             ens = E / best["ensemble"]
-            rows.append({
-                "p": p, "dtype": dtype, "n_train": len(splits["train_tokens"]),
-                "plain_steps_per_s": round(plain, 2),
-                "ensemble_size": E, "ensemble_steps_per_s": round(1 / best["ensemble"], 2),
-                "ensemble_seed_steps_per_s": round(ens, 2), "ratio_vs_plain": round(ens / plain, 2),
-            })
+            rows.append(
+                {
+                    "p": p,
+                    "dtype": dtype,
+                    "n_train": len(splits["train_tokens"]),
+                    "plain_steps_per_s": round(plain, 2),
+                    "ensemble_size": E,
+                    "ensemble_steps_per_s": round(1 / best["ensemble"], 2),
+                    "ensemble_seed_steps_per_s": round(ens, 2),
+                    "ratio_vs_plain": round(ens / plain, 2),
+                }
+            )
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     out = {
-        "benchmark": "modadd_speed", "device": str(dev), "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(), "steps_per_round": a.steps, "rounds": a.rounds,
+        "benchmark": "modadd_speed",
+        "device": str(dev),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "steps_per_round": a.steps,
+        "rounds": a.rounds,
         "note": "full batch: one step = one epoch; training steps only (no evaluation); best of rounds, round-robin",
         "results": rows,
     }

@@ -62,15 +62,20 @@ def main() -> None:
     cfg = mpsp_run_config(n_train=a.n_train, layers=2, heads=2)
     tl = plain_tl_epoch_time(cfg, a.epochs)
     ours = lenslab_epoch_time(cfg, a.epochs)
-    print(json.dumps({
-        "model": "2L 2H d_model 64 d_mlp 128, MPSP seq_len 5",
-        "n_train": a.n_train,
-        "batch_size": 512,
-        "threads": torch.get_num_threads(),
-        "plain_tl_s_per_epoch": round(tl, 3),
-        "lenslab_s_per_epoch_incl_2_evals": round(ours, 3),
-        "ratio_lenslab_over_tl": round(ours / tl, 3),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "model": "2L 2H d_model 64 d_mlp 128, MPSP seq_len 5",
+                "n_train": a.n_train,
+                "batch_size": 512,
+                "threads": torch.get_num_threads(),
+                "plain_tl_s_per_epoch": round(tl, 3),
+                "lenslab_s_per_epoch_incl_2_evals": round(ours, 3),
+                "ratio_lenslab_over_tl": round(ours / tl, 3),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -38,9 +38,21 @@ from lenslab.training.presets import build_model
 
 
 def gpt2_like(n_layers: int, d_vocab: int):
-    cfg = dict(n_layers=n_layers, d_model=768, n_heads=12, d_head=64, d_mlp=3072, d_vocab=d_vocab, d_vocab_out=d_vocab,
-               n_ctx=64, act_fn="gelu", normalization_type="LN", positional_embedding_type="standard", attn_only=False,
-               default_prepend_bos=False)
+    cfg = {
+        "n_layers": n_layers,
+        "d_model": 768,
+        "n_heads": 12,
+        "d_head": 64,
+        "d_mlp": 3072,
+        "d_vocab": d_vocab,
+        "d_vocab_out": d_vocab,
+        "n_ctx": 64,
+        "act_fn": "gelu",
+        "normalization_type": "LN",
+        "positional_embedding_type": "standard",
+        "attn_only": False,
+        "default_prepend_bos": False,
+    }
     return build_model(cfg, seed=0)
 
 
@@ -89,15 +101,22 @@ def shard_scan_peak(mats: dict[str, torch.Tensor]) -> dict:
             wm.update({k: fn for k in part})
         Path(d, "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
         size = sum(p.stat().st_size for p in Path(d).glob("*.safetensors"))
-        code = ("import sys, time, resource; sys.path.insert(0, %r); from lenslab.interp.spectral import traps_command; t=time.perf_counter(); "
-                "r = traps_command(%r, progress=False, workers=2); print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
-                % (str(Path(__file__).resolve().parents[1]), d))
+        code = (
+            f"import sys, time, resource; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); from lenslab.interp.spectral import traps_command; t=time.perf_counter(); "
+            f"r = traps_command({d!r}, progress=False, workers=2); print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-        base = ("import sys, resource; sys.path.insert(0, %r); import lenslab.interp.spectral; "
-                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)" % str(Path(__file__).resolve().parents[1]))
+        base = (
+            f"import sys, resource; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); import lenslab.interp.spectral; "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        )
         imported = int(subprocess.run([sys.executable, "-c", base], capture_output=True, text=True, check=True).stdout.split()[0])
-        return {"shard_bytes_mib": round(size / 2**20, 1), "scan_s": round(float(out[0]), 2), "peak_rss_mib": round(int(out[1]) / 1024, 1),
-                "import_only_rss_mib": round(imported / 1024, 1)}
+        return {
+            "shard_bytes_mib": round(size / 2**20, 1),
+            "scan_s": round(float(out[0]), 2),
+            "peak_rss_mib": round(int(out[1]) / 1024, 1),
+            "import_only_rss_mib": round(imported / 1024, 1),
+        }
 
 
 def main() -> None:
@@ -111,7 +130,10 @@ def main() -> None:
     model = gpt2_like(args.layers, args.d_vocab)
     mats = {k: v.detach().float().contiguous() for k, v in extract_matrices(model, include_unembed=False).matrices.items()}
     gen = make_generator(args.seed)
-    per_mat = {k: [random_permutation(w.numel(), gen) for _ in range(WW_POOL if min(w.shape) < WW_POOL_BELOW else 1)] for k, w in mats.items()}
+    per_mat = {
+        k: [random_permutation(w.numel(), gen) for _ in range(WW_POOL if min(w.shape) < WW_POOL_BELOW else 1)]
+        for k, w in mats.items()
+    }
 
     t = time.perf_counter()
     ours = {k: detect_traps(w, k, mode="weightwatcher", perms=per_mat[k]) for k, w in mats.items()}
@@ -124,7 +146,9 @@ def main() -> None:
     try:
         t = time.perf_counter()
         with ThreadPoolExecutor(max_workers=2) as pool:
-            ours2 = dict(zip(mats, pool.map(lambda k: detect_traps(mats[k], k, mode="weightwatcher", perms=per_mat[k]), list(mats))))
+            ours2 = dict(
+                zip(mats, pool.map(lambda k: detect_traps(mats[k], k, mode="weightwatcher", perms=per_mat[k]), list(mats)))
+            )
         t_ours2 = time.perf_counter() - t
     finally:
         torch.set_num_threads(threads)
@@ -152,8 +176,10 @@ def main() -> None:
             speedup_vs_weightwatcher=round(t_ww / t_ours, 1),
             speedup_vs_weightwatcher_2_workers=round(t_ww / t_ours2, 1),
             counts_identical=ww_counts == ours_counts,
-            per_matrix=[{"name": k, "ww": a, "lenslab": b, "ww_sigma": float(s), "lenslab_sigma": ours[k].sigma_normalized}
-                        for k, a, b, s in zip(mats, ww_counts, ours_counts, df["rand_sigma_mp"])],
+            per_matrix=[
+                {"name": k, "ww": a, "lenslab": b, "ww_sigma": float(s), "lenslab_sigma": ours[k].sigma_normalized}
+                for k, a, b, s in zip(mats, ww_counts, ours_counts, df["rand_sigma_mp"])
+            ],
         )
     result["shard_scan"] = shard_scan_peak(mats)
     result["bench_peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

@@ -18,14 +18,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def cmd_inspect(a: argparse.Namespace) -> dict:
-    from lenslab.interp.inspect import write_inspection
+    from lenslab.report import write_inspection
 
     _log(f"inspecting {a.run_dir} (ablation, cross-split patching, fingerprints, evolution)")
     result, path = write_inspection(a.run_dir)
     if not a.json:
         print(f"report: {path}")
         phase = result.get("phase") or {}
-        print(f"phase 1 from epoch {phase.get('phase1_epoch')}; phase 2 (adv rising while validation >= 99%) from epoch {phase.get('phase2_epoch')}")
+        print(
+            f"phase 1 from epoch {phase.get('phase1_epoch')}; phase 2 (adv rising while validation >= 99%) from epoch {phase.get('phase2_epoch')}"
+        )
     return {"report": str(path), **result}
 
 
@@ -33,8 +35,14 @@ def cmd_traps(a: argparse.Namespace) -> dict:
     from lenslab.interp.spectral import format_traps_table, traps_command
 
     result = traps_command(
-        a.path, mode=a.mode, seed=a.seed, n_shuffles=a.n_shuffles, jsd=a.jsd, workers=a.workers,
-        executor=a.executor, progress=not a.no_progress,
+        a.path,
+        mode=a.mode,
+        seed=a.seed,
+        n_shuffles=a.n_shuffles,
+        jsd=a.jsd,
+        workers=a.workers,
+        executor=a.executor,
+        progress=not a.no_progress,
     )
     if not a.json:
         print(format_traps_table(result))
@@ -63,7 +71,9 @@ def _seeds(text: str) -> list[int]:
             if not (a.isdigit() and b.isdigit()) or int(a) > int(b):
                 raise argparse.ArgumentTypeError(f"bad seed range {part!r}: use A-B with A <= B")
             if int(b) - int(a) >= MAX_SEEDS:
-                raise argparse.ArgumentTypeError(f"seed range {part!r} has {int(b) - int(a) + 1} seeds; at most {MAX_SEEDS} per command")
+                raise argparse.ArgumentTypeError(
+                    f"seed range {part!r} has {int(b) - int(a) + 1} seeds; at most {MAX_SEEDS} per command"
+                )
             out.extend(range(int(a), int(b) + 1))
         elif part.isdigit():
             out.append(int(part))
@@ -78,8 +88,10 @@ MAX_SEEDS = 10_000
 
 
 def _dtype(text: str) -> str:
-    if text not in ("float32", "float64"):
-        raise argparse.ArgumentTypeError(f"dtype {text!r}: choose float32 or float64")
+    from lenslab.training.spec import DTYPE_NAMES
+
+    if text not in DTYPE_NAMES:
+        raise argparse.ArgumentTypeError(f"dtype {text!r}: choose {' or '.join(DTYPE_NAMES)}")
     return text
 
 
@@ -94,155 +106,75 @@ def _at_least_one(text: str) -> int:
     return n
 
 
+def _spec_flags() -> list[tuple[str, object]]:
+    """``(flag, Param)`` of every config field that has a flag, in help order: task, mpsp task, model, modadd task, training."""
+    from lenslab.training.spec import TASK, ModAddSpec, ModelSpec, MPSPSpec, TrainSpec, params
+
+    out, seen = [(TASK.flag, TASK)], {TASK.flag}
+    for cls in (MPSPSpec, ModelSpec, ModAddSpec, TrainSpec):
+        for p in params(cls).values():
+            if p.flag and p.flag not in seen:
+                seen.add(p.flag)
+                out.append((p.flag, p))
+    return out
+
+
+def _flag_kind(p) -> type:
+    return {"int": int, "float": float}.get(p.kind) or (type(p.default) if p.kind == "task" else str)
+
+
+def _flag_help(p, *, listed: bool = False) -> str:
+    """A flag's help from its field's metadata: what it is, its range or choices, its default."""
+    text = ("comma list: " if listed else "") + p.help
+    rng = p.range_text()
+    if rng and p.kind in ("int", "float"):
+        rng = ("0 or " if p.nullable else "") + ("each " if listed else "") + "in " + rng
+    return f"{text} ({rng + '; ' if rng else ''}default {p.default_text()})"
+
+
 def _add_train_args(p: argparse.ArgumentParser) -> None:
-    """Flags default to 'not given' so that ``--resume`` can tell what the user asked for."""
+    """Flags default to 'not given' so that ``--resume`` can tell what the user asked for.
+
+    Every config flag comes from its field in ``training.spec`` (type, choices, help, default).
+    """
     S = argparse.SUPPRESS
-    p.add_argument("--task", choices=["mpsp", "modadd"], default=S, help="mpsp (default) | modadd")
-    p.add_argument("--label", default=S, help="mpsp label: sum2 | sum3 (default sum2)")
-    p.add_argument("--shortcut", default=S, help="mpsp shortcut: max | first (default max)")
-    p.add_argument("--ratio", type=float, default=S, help="spurious ratio r in [0, 1] (default 0.9)")
-    p.add_argument("--seq-len", type=int, default=S, help="mpsp values per sequence (default 5)")
-    p.add_argument("--n-values", type=int, default=S, help="mpsp values are 0..n-1 (default 16)")
-    p.add_argument("--n-train", type=int, default=S, help="train split size (default 16384)")
-    p.add_argument("--n-val", type=int, default=S, help="validation split size (default 2048)")
-    p.add_argument("--n-adv", type=int, default=S, help="adversarial split size (default 2048)")
-    p.add_argument("--data-seed", type=int, default=S, help="seed of the splits, fixed per experiment (default 0)")
-    p.add_argument("--layers", type=int, default=S, help="mpsp model layers (default 2)")
-    p.add_argument("--heads", type=int, default=S, help="mpsp heads per layer (default 2)")
-    p.add_argument("--p", type=int, default=S, help="modadd modulus (default 113)")
-    p.add_argument("--train-frac", type=float, default=S, help="modadd train fraction (default 0.3)")
-    p.add_argument("--epochs", type=int, default=S, help="total epochs (default mpsp 150, modadd 3000)")
-    p.add_argument("--seed", type=int, default=S, help="model init + data order seed (default 0)")
-    p.add_argument("--lr", type=float, default=S, help="AdamW learning rate (default 1e-3)")
-    p.add_argument("--weight-decay", type=float, default=S, help="AdamW weight decay (default mpsp 0.1, modadd 1.0)")
-    p.add_argument("--betas", type=float, nargs=2, default=S, help="AdamW betas (default mpsp 0.9 0.999, modadd 0.9 0.98)")
-    p.add_argument("--batch-size", type=int, default=S, help="0 = full batch (default mpsp 512, modadd full)")
-    p.add_argument("--eval-every", type=int, default=S, help="epochs between evaluations (default mpsp 5, modadd 50)")
-    p.add_argument("--ckpt-density", type=int, default=S, help="evaluations checkpointed before thinning starts (default 16)")
-    p.add_argument("--dtype", choices=["float32", "float64"], default=S,
-                   help="precision of weights, AdamW state, arithmetic and checkpoints (default float32)")
-    p.add_argument("--eval-schedule", choices=["linear", "log"], default=S,
-                   help="linear: every --eval-every epochs (default); log: --n-evals log-spaced epochs, each checkpointed")
-    p.add_argument("--n-evals", type=int, default=S, help="evaluations (after epoch 0) with --eval-schedule log (default 200)")
+    for flag, param in _spec_flags():
+        kw: dict = {"default": S, "help": _flag_help(param)}
+        if flag == "betas":
+            kw.update(type=float, nargs=2)
+        else:
+            kw["type"] = _flag_kind(param)
+        if param.kind == "choice" and param.validator is None:  # refused by argparse, naming the choices
+            kw["choices"] = list(param.choices)
+        p.add_argument("--" + flag.replace("_", "-"), **kw)
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--out", default=None, help="run directory (default runs/<task>-<settings>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out up to --epochs in total")
-    p.add_argument("--init-from", default=None, metavar="RUN_OR_CKPT",
-                   help="start from this run's last checkpoint (or this checkpoint file) with a fresh AdamW, "
-                        "e.g. to continue at another --weight-decay; flags not given are the source run's")
-    p.add_argument("--seeds", type=_seeds, default=None, help="train these seeds at once (0-7 or 0,3,5) into OUT/seed_<s>/ with the ensemble engine")
-    p.add_argument("--ensemble-size", type=int, default=None, help="members per stacked ensemble with --seeds (default: the fastest of 1, 2, 4, 8, 16, timed here on a few steps)")
-
-
-# flag -> where it lives in config.json (used to check flags given with --resume)
-FLAG_PLACES = {
-    "task": ("task", "name"),
-    "label": ("task", "label"),
-    "shortcut": ("task", "shortcut"),
-    "ratio": ("task", "ratio"),
-    "seq_len": ("task", "seq_len"),
-    "n_values": ("task", "n_values"),
-    "n_train": ("task", "n_train"),
-    "n_val": ("task", "n_val"),
-    "n_adv": ("task", "n_adv"),
-    "data_seed": ("task", "seed"),
-    "layers": ("model", "n_layers"),
-    "heads": ("model", "n_heads"),
-    "p": ("task", "p"),
-    "train_frac": ("task", "train_frac"),
-    "seed": ("train", "seed"),
-    "lr": ("train", "lr"),
-    "weight_decay": ("train", "weight_decay"),
-    "betas": ("train", "betas"),
-    "batch_size": ("train", "batch_size"),
-    "eval_every": ("train", "eval_every"),
-    "ckpt_density": ("train", "ckpt_density"),
-    "dtype": ("train", "dtype"),
-    "eval_schedule": ("train", "eval_schedule"),
-    "n_evals": ("train", "n_evals"),
-}
-TRAIN_FLAGS = ("epochs", "seed", "lr", "weight_decay", "betas", "batch_size", "eval_every", "ckpt_density", "dtype", "eval_schedule", "n_evals")
-MPSP_FLAGS = ("label", "shortcut", "ratio", "seq_len", "n_values", "n_train", "n_val", "n_adv", "layers", "heads")
+    p.add_argument(
+        "--init-from",
+        default=None,
+        metavar="RUN_OR_CKPT",
+        help="start from this run's last checkpoint (or this checkpoint file) with a fresh AdamW, "
+        "e.g. to continue at another --weight-decay; flags not given are the source run's",
+    )
+    p.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=None,
+        help="train these seeds at once (0-7 or 0,3,5) into OUT/seed_<s>/ with the ensemble engine",
+    )
+    p.add_argument(
+        "--ensemble-size",
+        type=int,
+        default=None,
+        help="members per stacked ensemble with --seeds (default: the fastest of 1, 2, 4, 8, 16, timed here on a few steps)",
+    )
 
 
 def _given(a: argparse.Namespace) -> dict:
+    from lenslab.training.config import FLAG_PLACES
+
     return {k: v for k, v in vars(a).items() if k in FLAG_PLACES or k == "epochs"}
-
-
-def _config_from_args(given: dict) -> dict:
-    from lenslab.training.config import modadd_run_config, mpsp_run_config
-
-    task = given.get("task", "mpsp")
-    train = {k: given[k] for k in TRAIN_FLAGS if k in given}
-    if "batch_size" in train:
-        train["batch_size"] = train["batch_size"] or None
-    if "betas" in train:
-        train["betas"] = list(train["betas"])
-    if task == "modadd":
-        stray = sorted(set(given) & set(MPSP_FLAGS))
-        if stray:
-            raise UserError(f"--{stray[0].replace('_', '-')} is an mpsp flag; modadd takes --p and --train-frac")
-        return modadd_run_config(p=given.get("p", 113), train_frac=given.get("train_frac", 0.3), data_seed=given.get("data_seed", 0), **train)
-    stray = sorted(set(given) & {"p", "train_frac"})
-    if stray:
-        raise UserError(f"--{stray[0].replace('_', '-')} is a modadd flag; add --task modadd")
-    kw = {k: given[k] for k in MPSP_FLAGS if k in given}
-    return mpsp_run_config(data_seed=given.get("data_seed", 0), **kw, **train)
-
-
-def _resume_config(out: Path, given: dict) -> dict:
-    """The stored config, with --epochs applied; any other flag must agree with it."""
-    from lenslab.training.runio import read_config
-
-    cfg = read_config(out)
-    for flag, value in given.items():
-        if flag == "epochs":
-            continue
-        block, key = FLAG_PLACES[flag]
-        stored = cfg[block].get(key)
-        if flag == "batch_size":
-            value = value or None
-        if flag == "betas":
-            value = list(value)
-        if stored != value:
-            raise UserError(f"--{flag.replace('_', '-')} {value} differs from the run's {block}.{key}={stored!r}; drop the flag to resume")
-    if "epochs" in given:
-        cfg["train"]["epochs"] = given["epochs"]
-    return cfg
-
-
-def _init_config(source: str, given: dict) -> dict:
-    """``--init-from``: the source run's settings, overridden by the flags given, starting from its weights."""
-    from lenslab.training.config import with_init
-    from lenslab.training.run import Run
-
-    if not Path(source).exists():
-        raise UserError(f"--init-from {source}: no such run directory or checkpoint file")
-    src = Run.open(source).config
-    name = src["task"]["name"]
-    if given.get("task", name) != name:
-        raise UserError(f"--task {given['task']} with --init-from a {name} run: the weights cannot carry over to another task")
-    skip = set(MPSP_FLAGS) if name == "modadd" else {"p", "train_frac"}
-    inherited = {"task": name, "epochs": src["train"]["epochs"]}
-    for flag, (block, key) in FLAG_PLACES.items():
-        if flag not in skip and key in src[block]:
-            inherited[flag] = src[block][key]
-    if inherited.get("batch_size", 0) is None:
-        inherited["batch_size"] = 0  # the flag's spelling of full batch
-    return with_init(_config_from_args({**inherited, **given}), source)
-
-
-def _default_out(cfg: dict) -> Path:
-    t, m = cfg["task"], cfg["model"]
-    if t["name"] == "modadd":
-        name = f"modadd-p{t['p']}-wd{cfg['train']['weight_decay']:g}-s{cfg['train']['seed']}"
-    else:
-        name = f"mpsp-{t['label']}-{t['shortcut']}-r{t['ratio']:g}-{m['n_layers']}L{m['n_heads']}H-s{cfg['train']['seed']}"
-    if cfg["train"].get("dtype", "float32") != "float32":
-        name += "-" + cfg["train"]["dtype"]
-    if cfg.get("init"):
-        name += f"-from{cfg['init']['epoch']}"
-    return Path("runs") / name
 
 
 def _log(msg: str) -> None:
@@ -262,13 +194,16 @@ def _describe(summary: dict, out: Path) -> str:
         else:
             lines.append(f"generalized: no (best adversarial accuracy {summary['max_adv_acc']:.3f})")
         if f.get("grad_conflict") is not None:
-            lines.append(f"gradient conflict {f['grad_conflict']:+.3f}, amplification {f['grad_amplification']:.1f}x (anti / consistent)")
+            lines.append(
+                f"gradient conflict {f['grad_conflict']:+.3f}, amplification {f['grad_amplification']:.1f}x (anti / consistent)"
+            )
     else:
         lines.append(f"final accuracy  train {f.get('train_acc', float('nan')):.3f}  test {f.get('test_acc', float('nan')):.3f}")
     return "\n".join(lines)
 
 
 def cmd_train(a: argparse.Namespace) -> dict:
+    from lenslab.training.config import config_from_flags, default_run_dir, init_config, resume_config
     from lenslab.training.trainer import train
 
     given = _given(a)
@@ -284,15 +219,17 @@ def cmd_train(a: argparse.Namespace) -> dict:
         out = Path(a.out)
         if not (out / "config.json").is_file():
             raise UserError(f"--resume: {out} holds no run to resume (no config.json)")
-        cfg = _resume_config(out, given)
+        cfg = resume_config(out, given)
         if a.init_from and (cfg.get("init") or {}).get("from") != str(_init_checkpoint(a.init_from)):
-            raise UserError(f"--init-from {a.init_from} is not where {out} started from ({(cfg.get('init') or {}).get('from')}); drop --init-from to resume")
+            raise UserError(
+                f"--init-from {a.init_from} is not where {out} started from ({(cfg.get('init') or {}).get('from')}); drop --init-from to resume"
+            )
     elif a.init_from:
-        cfg = _init_config(a.init_from, given)
-        out = Path(a.out) if a.out else _default_out(cfg)
+        cfg = init_config(a.init_from, given)
+        out = Path(a.out) if a.out else default_run_dir(cfg)
     else:
-        cfg = _config_from_args(given)
-        out = Path(a.out) if a.out else _default_out(cfg)
+        cfg = config_from_flags(given)
+        out = Path(a.out) if a.out else default_run_dir(cfg)
     _log(f"training into {out}")
     summary = train(cfg, out, resume=a.resume, progress=not a.no_progress, device=a.device)
     if not a.json:
@@ -308,6 +245,7 @@ def _init_checkpoint(source: str) -> Path:
 
 def _train_seeds(a: argparse.Namespace, given: dict) -> dict:
     """``--seeds``: one run directory per seed under OUT, trained E at a time on stacked weights."""
+    from lenslab.training.config import config_from_flags, default_seeds_dir, resume_config
     from lenslab.training.ensemble import train_ensemble
 
     if "seed" in given:
@@ -322,15 +260,14 @@ def _train_seeds(a: argparse.Namespace, given: dict) -> dict:
     elif a.resume:
         raise UserError("--resume needs --out DIR, the folder holding seed_<s>/ runs")
     else:
-        one = _default_out(_config_from_args(given))
-        root = one.with_name(one.name.rsplit("-s", 1)[0] + "-seeds")
+        root = default_seeds_dir(given)
     outs = [root / f"seed_{s}" for s in seeds]
     configs = []
     for s, out in zip(seeds, outs):
         if a.resume and (out / "config.json").is_file():
-            configs.append(_resume_config(out, given))
+            configs.append(resume_config(out, given))
         else:
-            configs.append(_config_from_args({**given, "seed": s}))
+            configs.append(config_from_flags({**given, "seed": s}))
     size = a.ensemble_size
     if size is None:  # measured here, for this model and batch: the fastest size differs by machine
         from lenslab.training.calibrate import choose_ensemble_size
@@ -341,7 +278,9 @@ def _train_seeds(a: argparse.Namespace, given: dict) -> dict:
     _log(f"training {len(seeds)} seeds into {root}/seed_<s>/, {size} at a time on stacked weights")
     summaries = []
     for i in range(0, len(seeds), size):
-        summaries += train_ensemble(configs[i : i + size], outs[i : i + size], resume=a.resume, progress=not a.no_progress, device=a.device)
+        summaries += train_ensemble(
+            configs[i : i + size], outs[i : i + size], resume=a.resume, progress=not a.no_progress, device=a.device
+        )
     result = {"root": str(root), "runs": {str(o): s for o, s in zip(outs, summaries)}}
     if not a.json:
         for out, summary in zip(outs, summaries):
@@ -365,7 +304,20 @@ def _list(kind):
     return parse
 
 
-SWEEP_SETTINGS = ("label", "shortcut", "n_train", "n_val", "n_adv", "data_seed", "epochs", "eval_every", "ckpt_density", "dtype", "eval_schedule", "n_evals")
+SWEEP_SETTINGS = (
+    "label",
+    "shortcut",
+    "n_train",
+    "n_val",
+    "n_adv",
+    "data_seed",
+    "epochs",
+    "eval_every",
+    "ckpt_density",
+    "dtype",
+    "eval_schedule",
+    "n_evals",
+)
 
 
 def _batch_size(text: str) -> int:
@@ -375,7 +327,9 @@ def _batch_size(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a batch size: use a positive integer, or full (or 0) for the whole train split") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a batch size: use a positive integer, or full (or 0) for the whole train split"
+        ) from None
 
 
 def cmd_sweep(a: argparse.Namespace) -> dict:
@@ -392,21 +346,41 @@ def cmd_sweep(a: argparse.Namespace) -> dict:
     if "dtype" in settings:
         settings["dtype"] = settings["dtype"][0]
     axes = {"seq_lens": a.seq_len, "n_values": a.n_values, "batch_sizes": a.batch_size, "lrs": a.lr}
-    plan = plan_sweep(a.out, a.layers or [1, 2], a.heads or [1, 2], a.ratios or [0.5, 0.9], a.seeds, a.weight_decay or [0.1],
-                      ensemble_size=a.ensemble_size, **axes, **settings)
+    plan = plan_sweep(
+        a.out,
+        a.layers or [1, 2],
+        a.heads or [1, 2],
+        a.ratios or [0.5, 0.9],
+        a.seeds,
+        a.weight_decay or [0.1],
+        ensemble_size=a.ensemble_size,
+        **axes,
+        **settings,
+    )
     g = plan["grid"]
-    sizes = " x ".join(f"{len(g[k])} {k.replace('_', ' ')}" for k in g if k != "seeds" and (len(g[k]) > 1 or k in ("layers", "heads", "ratios")))
+    sizes = " x ".join(
+        f"{len(g[k])} {k.replace('_', ' ')}" for k in g if k != "seeds" and (len(g[k]) > 1 or k in ("layers", "heads", "ratios"))
+    )
     _log(f"sweep: {len(plan['members'])} runs ({sizes} x {len(g['seeds'])} seeds) into {a.out}, executor {a.executor}")
     rows = run_sweep(plan, executor=a.executor, workers=a.workers, progress=not a.no_progress, device=a.device)
+    from lenslab.sweep_figures import write_sweep_figure
+
+    write_sweep_figure(a.out, rows)
     if not a.json:
         from lenslab.training.outcomes import FAILURES
 
-        _print_cells(rows, [
-            ("runs", lambda r: r["runs"]), ("gen", lambda r: r["generalized"]), ("rate", lambda r: _fmt(r["rate"], ".2f")),
-            ("Wilson 95%", lambda r: "-" if r["rate"] is None else f"[{r['wilson_low']:.2f}, {r['wilson_high']:.2f}]"),
-            ("median 1st", lambda r: _fmt(r["median_first_generalized_epoch"], "g")),
-            ("failed runs", lambda r: ", ".join(f"{r[f'failed_{o}']} {o}" for o in FAILURES if r.get(f"failed_{o}"))),
-        ], a.out)
+        _print_cells(
+            rows,
+            [
+                ("runs", lambda r: r["runs"]),
+                ("gen", lambda r: r["generalized"]),
+                ("rate", lambda r: _fmt(r["rate"], ".2f")),
+                ("Wilson 95%", lambda r: "-" if r["rate"] is None else f"[{r['wilson_low']:.2f}, {r['wilson_high']:.2f}]"),
+                ("median 1st", lambda r: _fmt(r["median_first_generalized_epoch"], "g")),
+                ("failed runs", lambda r: ", ".join(f"{r[f'failed_{o}']} {o}" for o in FAILURES if r.get(f"failed_{o}"))),
+            ],
+            a.out,
+        )
     return {"out": a.out, "cells": rows}
 
 
@@ -422,32 +396,70 @@ def _print_cells(rows: list[dict], columns: list, out: str) -> None:
     print(f"{'cell':<{width}}  " + "  ".join(f"{t:>{w}}" for (t, _), w in zip(columns, widths)))
     for r, row in zip(rows, table):
         print(f"{r['cell']:<{width}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(row, widths)))
-    print(f"tables: {Path(out) / 'results.csv'}, {Path(out) / 'results_runs.csv'}, {Path(out) / 'results.json'}; figure: {Path(out) / 'results.html'}")
+    print(
+        f"tables: {Path(out) / 'results.csv'}, {Path(out) / 'results_runs.csv'}, {Path(out) / 'results.json'}; figure: {Path(out) / 'results.html'}"
+    )
 
 
 def _sweep_modadd(a: argparse.Namespace) -> dict:
     """``lenslab sweep --task modadd``: weight decays x train fractions x dtypes x seeds."""
     from lenslab.training.sweep import plan_modadd_sweep, run_sweep
 
-    stray = [f for f, v in (("--layers", a.layers), ("--heads", a.heads), ("--ratios", a.ratios), ("--seq-len", a.seq_len), ("--n-values", a.n_values),
-                            ("--batch-size", a.batch_size), ("--label", a.label), ("--shortcut", a.shortcut), ("--n-train", a.n_train))
-             if v is not None]
+    stray = [
+        f
+        for f, v in (
+            ("--layers", a.layers),
+            ("--heads", a.heads),
+            ("--ratios", a.ratios),
+            ("--seq-len", a.seq_len),
+            ("--n-values", a.n_values),
+            ("--batch-size", a.batch_size),
+            ("--label", a.label),
+            ("--shortcut", a.shortcut),
+            ("--n-train", a.n_train),
+        )
+        if v is not None
+    ]
     if stray:
-        raise UserError(f"{stray[0]} is an mpsp flag; a modadd sweep takes --p, --train-frac, --weight-decay, --dtype and --seeds")
+        raise UserError(
+            f"{stray[0]} is an mpsp flag; a modadd sweep takes --p, --train-frac, --weight-decay, --dtype and --seeds"
+        )
     if a.lr is not None and len(a.lr) > 1:
         raise UserError("--lr: a modadd sweep takes one learning rate")
-    settings = {k: getattr(a, k) for k in ("epochs", "eval_every", "ckpt_density", "data_seed", "eval_schedule", "n_evals") if getattr(a, k) is not None}
+    settings = {
+        k: getattr(a, k)
+        for k in ("epochs", "eval_every", "ckpt_density", "data_seed", "eval_schedule", "n_evals")
+        if getattr(a, k) is not None
+    }
     if a.lr is not None:
         settings["lr"] = a.lr[0]
-    plan = plan_modadd_sweep(a.out, a.weight_decay or [1.0], a.seeds, a.train_frac or [0.3], a.dtype or ["float32"], p=a.p if a.p is not None else 113,
-                             ensemble_size=a.ensemble_size, **settings)
+    plan = plan_modadd_sweep(
+        a.out,
+        a.weight_decay or [1.0],
+        a.seeds,
+        a.train_frac or [0.3],
+        a.dtype or ["float32"],
+        p=a.p if a.p is not None else 113,
+        ensemble_size=a.ensemble_size,
+        **settings,
+    )
     _log(f"sweep: {len(plan['members'])} modular-addition runs into {a.out}, executor {a.executor}")
     rows = run_sweep(plan, executor=a.executor, workers=a.workers, progress=not a.no_progress, device=a.device)
+    from lenslab.sweep_figures import write_sweep_figure
+
+    write_sweep_figure(a.out, rows)
     if not a.json:
-        _print_cells(rows, [
-            ("runs", lambda r: r["runs"]), ("grokked", lambda r: r["grokked"]), ("anti-grokked", lambda r: r["anti_grokked"]),
-            ("best test", lambda r: _fmt(r["median_test_acc_best"], ".3f")), ("final test", lambda r: _fmt(r["median_test_acc_final"], ".3f")),
-        ], a.out)
+        _print_cells(
+            rows,
+            [
+                ("runs", lambda r: r["runs"]),
+                ("grokked", lambda r: r["grokked"]),
+                ("anti-grokked", lambda r: r["anti_grokked"]),
+                ("best test", lambda r: _fmt(r["median_test_acc_best"], ".3f")),
+                ("final test", lambda r: _fmt(r["median_test_acc_final"], ".3f")),
+            ],
+            a.out,
+        )
     return {"out": a.out, "cells": rows}
 
 
@@ -458,7 +470,9 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     out = Path(a.out)
     cfg = mpsp_run_config(ratio=0.9, layers=2, heads=2, epochs=a.epochs, seed=a.seed)
     resume = (out / "config.json").is_file()
-    _log(f"lenslab demo: 2-layer, 2-head MPSP model (sum2 label, max shortcut, seq_len 5, values 0..15), r = 0.9, {a.epochs} epochs, seed {a.seed}")
+    _log(
+        f"lenslab demo: 2-layer, 2-head MPSP model (sum2 label, max shortcut, seq_len 5, values 0..15), r = 0.9, {a.epochs} epochs, seed {a.seed}"
+    )
     _log(f"run directory: {out}" + ("  (found: resuming / reusing it)" if resume else ""))
     summary = train(cfg, out, resume=resume, progress=not a.no_progress)
     result = {"run": str(out), "summary": summary}
@@ -469,10 +483,10 @@ def cmd_demo(a: argparse.Namespace) -> dict:
             "adversarial accuracy (all anti-shortcut) is the true rule. 'phase 2' is when adversarial rises while validation stays ~1."
         )
         print(f"metrics per evaluation: {out / 'metrics.jsonl'}")
-    from lenslab.interp.inspect import write_inspection
+    from lenslab.report import write_inspection
 
     _log("inspecting the run ...")
-    inspection, report = write_inspection(out)
+    _inspection, report = write_inspection(out)
     result["report"] = str(report)
     if not a.json:
         print(f"report (open it in a browser, works offline): {report}")
@@ -499,35 +513,84 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="a run directory, one checkpoint, or a folder of safetensors shards")
     p.add_argument("--mode", choices=["robust", "weightwatcher"], default="robust")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-shuffles", type=_at_least_one, default=1, help="shuffles per matrix, reported with their spread (default 1)")
+    p.add_argument(
+        "--n-shuffles", type=_at_least_one, default=1, help="shuffles per matrix, reported with their spread (default 1)"
+    )
     p.add_argument("--jsd", action="store_true", help="also run the trap-replacement JSD ablation")
     p.add_argument("--workers", type=_at_least_one, default=2, help="processes (default 2)")
     p.add_argument("--executor", choices=["local", "ray"], default="local")
     p.set_defaults(func=cmd_traps)
 
-    p = sub.add_parser("sweep", parents=[common], help="seed sweep: MPSP (layers x heads x r x ...) or modadd (weight decay x train fraction x dtype), packed into ensembles")
-    p.add_argument("--task", choices=["mpsp", "modadd"], default="mpsp", help="mpsp (default): layers x heads x r x ...; modadd: weight decay x train fraction x dtype")
-    p.add_argument("--layers", type=_list(int), default=None, help="mpsp: comma list (default 1,2)")
-    p.add_argument("--heads", type=_list(int), default=None, help="mpsp: comma list (default 1,2)")
-    p.add_argument("--ratios", type=_list(float), default=None, help="mpsp: comma list of r (default 0.5,0.9)")
+    p = sub.add_parser(
+        "sweep",
+        parents=[common],
+        help="seed sweep: MPSP (layers x heads x r x ...) or modadd (weight decay x train fraction x dtype), packed into ensembles",
+    )
+    spec = dict(_spec_flags())
+    p.add_argument(
+        "--task",
+        choices=list(spec["task"].choices),
+        default=spec["task"].default,
+        help="mpsp (default): layers x heads x r x ...; modadd: weight decay x train fraction x dtype",
+    )
+    for flag, kind, grid in (("layers", int, "1,2"), ("heads", int, "1,2")):  # the sweep's own grid defaults
+        p.add_argument(
+            f"--{flag}",
+            type=_list(kind),
+            default=None,
+            help=f"mpsp: comma list, each in {spec[flag].range_text()} (default {grid})",
+        )
+    p.add_argument(
+        "--ratios",
+        type=_list(float),
+        default=None,
+        help=f"mpsp: comma list of r, each in {spec['ratio'].range_text()} (default 0.5,0.9)",
+    )
     p.add_argument("--seeds", type=_seeds, default=list(range(8)), help="0-31 or 0,3,5 (default 0-7)")
-    p.add_argument("--weight-decay", type=_list(float), default=None, help="comma list (default mpsp 0.1, modadd 1.0)")
-    p.add_argument("--p", type=int, default=None, help="modadd: the modulus (default 113)")
-    p.add_argument("--train-frac", type=_list(float), default=None, help="modadd: comma list of train fractions (default 0.3)")
-    p.add_argument("--eval-schedule", choices=["linear", "log"], default=None, help="as for lenslab train")
-    p.add_argument("--n-evals", type=int, default=None, help="evaluations with --eval-schedule log (default 200)")
-    p.add_argument("--seq-len", type=_list(int), default=None, help="comma list of values per sequence (default 5)")
-    p.add_argument("--n-values", type=_list(int), default=None, help="comma list: values are 0..n-1 (default 16)")
-    p.add_argument("--batch-size", type=_list(_batch_size), default=None, help="comma list; full (or 0) = the whole train split (default 512)")
-    p.add_argument("--lr", type=_list(float), default=None, help="comma list of AdamW learning rates (default 1e-3)")
-    for flag, kind in (("--label", str), ("--shortcut", str), ("--n-train", int), ("--n-val", int),
-                       ("--n-adv", int), ("--data-seed", int), ("--epochs", int), ("--eval-every", int), ("--ckpt-density", int)):
-        p.add_argument(flag, type=kind, default=None, help="as for lenslab train")
-    p.add_argument("--dtype", type=_list(_dtype), default=None, help="float32 (default) or float64; modadd: a comma list is an axis")
+    for flag in ("weight_decay", "train_frac", "seq_len", "n_values", "lr"):  # axes: comma lists
+        p.add_argument(
+            "--" + flag.replace("_", "-"),
+            type=_list(_flag_kind(spec[flag])),
+            default=None,
+            help=_flag_help(spec[flag], listed=True),
+        )
+    p.add_argument(
+        "--batch-size",
+        type=_list(_batch_size),
+        default=None,
+        help=_flag_help(spec["batch_size"], listed=True).replace("0 =", "full (or 0) ="),
+    )
+    p.add_argument(
+        "--eval-schedule", choices=list(spec["eval_schedule"].choices), default=None, help=_flag_help(spec["eval_schedule"])
+    )
+    for flag in (
+        "p",
+        "n_evals",
+        "label",
+        "shortcut",
+        "n_train",
+        "n_val",
+        "n_adv",
+        "data_seed",
+        "epochs",
+        "eval_every",
+        "ckpt_density",
+    ):
+        p.add_argument("--" + flag.replace("_", "-"), type=_flag_kind(spec[flag]), default=None, help=_flag_help(spec[flag]))
+    p.add_argument(
+        "--dtype", type=_list(_dtype), default=None, help=_flag_help(spec["dtype"]) + "; modadd: a comma list is an axis"
+    )
     p.add_argument("--out", required=True, help="sweep folder: OUT/sweep.json, OUT/<cell>/seed_<s>/, OUT/results.*")
     p.add_argument("--executor", choices=["local", "ray"], default="local")
-    p.add_argument("--workers", type=int, default=None, help="ensembles trained at once (local processes or Ray tasks; default: one per core on CPU, 1 on CUDA)")
-    p.add_argument("--ensemble-size", type=int, default=None, help="members per stacked ensemble (default: training.ensemble.SWEEP_ENSEMBLE)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="ensembles trained at once (local processes or Ray tasks; default: one per core on CPU, 1 on CUDA)",
+    )
+    p.add_argument(
+        "--ensemble-size", type=int, default=None, help="members per stacked ensemble (default: training.ensemble.SWEEP_ENSEMBLE)"
+    )
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.set_defaults(func=cmd_sweep)
 

@@ -42,7 +42,11 @@ def configs(dtype: str, epochs: int, n_evals: int) -> tuple[list[dict], list[str
     cfgs, names = [], []
     for wd in ARMS[dtype]:
         for s in SEEDS:
-            cfgs.append(modadd_run_config(**TASK, weight_decay=wd, seed=s, epochs=epochs, dtype=dtype, eval_schedule="log", n_evals=n_evals))
+            cfgs.append(
+                modadd_run_config(
+                    **TASK, weight_decay=wd, seed=s, epochs=epochs, dtype=dtype, eval_schedule="log", n_evals=n_evals
+                )
+            )
             names.append(f"{dtype}-wd{wd:g}/seed_{s}")
     return cfgs, names
 
@@ -61,9 +65,9 @@ def report(root: Path, out: Path) -> None:
     import csv
 
     from lenslab.interp.spectral import traps_command
-    from reproduction.figures import write_figure
     from lenslab.training.outcomes import modadd_outcome
     from lenslab.training.run import Run
+    from reproduction.figures import write_figure
 
     out.mkdir(parents=True, exist_ok=True)
     table, summary = [], {}
@@ -74,11 +78,18 @@ def report(root: Path, out: Path) -> None:
         scan = traps_command(str(d), mode="robust", seed=0, n_shuffles=1, jsd=False, workers=1, progress=False)
         for c in scan["checkpoints"]:
             m = by_epoch.get(c["epoch"], {})
-            row = {"run": name, "epoch": c["epoch"], "train_acc": m.get("train_acc"), "test_acc": m.get("test_acc"),
-                   "max_abs_logit": m.get("train_max_abs_logit"), "zero_loss_frac": m.get("train_zero_loss_frac"),
-                   "weight_norm": m.get("weight_norm"), "grad_norm": m.get("grad_norm"),
-                   "traps_total": sum(x["n_traps"] or 0 for x in c["matrices"]),
-                   "alpha_min": min((x["alpha"] for x in c["matrices"] if x["alpha"] == x["alpha"]), default=None)}
+            row = {
+                "run": name,
+                "epoch": c["epoch"],
+                "train_acc": m.get("train_acc"),
+                "test_acc": m.get("test_acc"),
+                "max_abs_logit": m.get("train_max_abs_logit"),
+                "zero_loss_frac": m.get("train_zero_loss_frac"),
+                "weight_norm": m.get("weight_norm"),
+                "grad_norm": m.get("grad_norm"),
+                "traps_total": sum(x["n_traps"] or 0 for x in c["matrices"]),
+                "alpha_min": min((x["alpha"] for x in c["matrices"] if x["alpha"] == x["alpha"]), default=None),
+            }
             for x in c["matrices"]:
                 row[f"traps:{x['name']}"] = x["n_traps"]
                 row[f"alpha:{x['name']}"] = x["alpha"]
@@ -86,8 +97,13 @@ def report(root: Path, out: Path) -> None:
         rows = [r for r in table if r["run"] == name]
         first_trap = next((r["epoch"] for r in rows if r["traps_total"]), None)
         first_alpha2 = next((r["epoch"] for r in rows if r["alpha_min"] is not None and r["alpha_min"] < 2), None)
-        summary[name] = {**modadd_outcome(run), "first_trap_epoch": first_trap, "first_alpha_below_2_epoch": first_alpha2,
-                         "traps_at_end": rows[-1]["traps_total"] if rows else None, "alpha_min_at_end": rows[-1]["alpha_min"] if rows else None}
+        summary[name] = {
+            **modadd_outcome(run),
+            "first_trap_epoch": first_trap,
+            "first_alpha_below_2_epoch": first_alpha2,
+            "traps_at_end": rows[-1]["traps_total"] if rows else None,
+            "alpha_min_at_end": rows[-1]["alpha_min"] if rows else None,
+        }
     keys = list(dict.fromkeys(k for r in table for k in r))
     with open(out / "trajectory.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, lineterminator="\n")
@@ -102,21 +118,40 @@ def figure(table: list[dict]):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    panels = [("test_acc", "test accuracy"), ("traps_total", "correlation traps (all matrices)"), ("alpha_min", "smallest HTSR alpha"),
-              ("zero_loss_frac", "train examples at loss exactly 0"), ("max_abs_logit", "max |logit| (train)"), ("weight_norm", "weight norm")]
+    panels = [
+        ("test_acc", "test accuracy"),
+        ("traps_total", "correlation traps (all matrices)"),
+        ("alpha_min", "smallest HTSR alpha"),
+        ("zero_loss_frac", "train examples at loss exactly 0"),
+        ("max_abs_logit", "max |logit| (train)"),
+        ("weight_norm", "weight norm"),
+    ]
     fig = make_subplots(rows=3, cols=2, subplot_titles=[t for _, t in panels], vertical_spacing=0.09)
     runs = list(dict.fromkeys(r["run"] for r in table))
     palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
     for i, name in enumerate(runs):
         rows = [r for r in table if r["run"] == name and r["epoch"] > 0]
         for j, (key, _) in enumerate(panels):
-            fig.add_trace(go.Scatter(x=[r["epoch"] for r in rows], y=[r[key] for r in rows], mode="lines", name=name, legendgroup=name,
-                                     showlegend=(j == 0), line={"color": palette[i % len(palette)], "dash": "dot" if "float32" in name else "solid"}),
-                          row=j // 2 + 1, col=j % 2 + 1)
+            fig.add_trace(
+                go.Scatter(
+                    x=[r["epoch"] for r in rows],
+                    y=[r[key] for r in rows],
+                    mode="lines",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=(j == 0),
+                    line={"color": palette[i % len(palette)], "dash": "dot" if "float32" in name else "solid"},
+                ),
+                row=j // 2 + 1,
+                col=j % 2 + 1,
+            )
     fig.update_xaxes(type="log", title_text="step (full batch: epoch = step)")
     fig.add_hline(y=2, line_dash="dash", line_color="grey", row=2, col=1)
-    fig.update_layout(template="plotly_white", height=1000,
-                      title=f"Modular addition p = {TASK['p']}, {TASK['train_frac']:.0%} train, weight decay fixed from step 0 (float64 solid, float32 dotted)")
+    fig.update_layout(
+        template="plotly_white",
+        height=1000,
+        title=f"Modular addition p = {TASK['p']}, {TASK['train_frac']:.0%} train, weight decay fixed from step 0 (float64 solid, float32 dotted)",
+    )
     return fig
 
 

@@ -18,9 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reproduction.figures import write_figure
+from lenslab.sweep_figures import sweep_figure
 from lenslab.training.run import Run
-from lenslab.training.sweep import summarize_sweep, sweep_figure
+from lenslab.training.sweep import summarize_sweep
+from reproduction.figures import write_figure
 
 
 def main(sweep_dir: str, out_dir: str) -> None:
@@ -44,20 +45,29 @@ def main(sweep_dir: str, out_dir: str) -> None:
         g["seeds"] += 1
         g["amplification"] += [r["grad_amplification"] for r in vals]
         g["conflict"] += [r["grad_conflict"] for r in vals]
-        curves.setdefault(cell, []).append((m["seed"], run.summary.get("generalized"), [(r["epoch"], r["grad_conflict"], r["adv_acc"]) for r in run.metrics]))
+        curves.setdefault(cell, []).append(
+            (m["seed"], run.summary.get("generalized"), [(r["epoch"], r["grad_conflict"], r["adv_acc"]) for r in run.metrics])
+        )
     table = {}
     for cell, g in grads.items():
         a, c = g["amplification"], g["conflict"]
         table[cell] = {
-            "seeds": g["seeds"], "evaluations": len(a),
-            "amplification_median": statistics.median(a) if a else None, "amplification_min": min(a, default=None), "amplification_max": max(a, default=None),
-            "conflict_median": statistics.median(c) if c else None, "conflict_min": min(c, default=None), "conflict_max": max(c, default=None),
+            "seeds": g["seeds"],
+            "evaluations": len(a),
+            "amplification_median": statistics.median(a) if a else None,
+            "amplification_min": min(a, default=None),
+            "amplification_max": max(a, default=None),
+            "conflict_median": statistics.median(c) if c else None,
+            "conflict_min": min(c, default=None),
+            "conflict_max": max(c, default=None),
         }
     (out / "gradients.json").write_text(json.dumps(table, indent=2))
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("gradient conflict cos(g_consistent, g_anti)", "adversarial accuracy"))
+    fig = make_subplots(
+        rows=2, cols=1, shared_xaxes=True, subplot_titles=("gradient conflict cos(g_consistent, g_anti)", "adversarial accuracy")
+    )
     picks = []
     for cell, runs in sorted(curves.items()):
         if "r0.9" not in cell:
@@ -67,7 +77,9 @@ def main(sweep_dir: str, out_dir: str) -> None:
     for cell, (seed, generalized, pts) in picks:
         name = f"{cell} seed {seed} ({'generalized' if generalized else 'did not generalize'})"
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], name=name, legendgroup=name), row=1, col=1)
-        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[2] for p in pts], name=name, legendgroup=name, showlegend=False), row=2, col=1)
+        fig.add_trace(
+            go.Scatter(x=[p[0] for p in pts], y=[p[2] for p in pts], name=name, legendgroup=name, showlegend=False), row=2, col=1
+        )
     fig.update_layout(template="plotly_white", height=600, title="r = 0.9: gradient conflict vs adversarial accuracy")
     fig.update_xaxes(title_text="epoch", row=2, col=1)
     write_figure(fig, out / "gradients.html")

@@ -26,11 +26,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lenslab.interp.inspect import write_inspection
+from lenslab.report import write_inspection
 from reproduction.figures import write_figure
 
-KEYS = ("qk_rho_w", "ov_parity_rho_w", "pos0_mass_w", "qk_rho_a", "ov_parity_rho_a", "pos0_mass_a",
-        "ablate_delta_acc_validation", "ablate_delta_acc_adv", "patch_z")
+KEYS = (
+    "qk_rho_w",
+    "ov_parity_rho_w",
+    "pos0_mass_w",
+    "qk_rho_a",
+    "ov_parity_rho_a",
+    "pos0_mass_a",
+    "ablate_delta_acc_validation",
+    "ablate_delta_acc_adv",
+    "patch_z",
+)
 
 
 def pick(root: Path, plan: dict) -> dict[str, Path]:
@@ -66,8 +75,15 @@ def main(sweep_dir: str, out_dir: str) -> None:
         rows = []
         for h in result["evolution"]["head_rows"]:
             m = by_epoch[h["epoch"]]
-            rows.append({"epoch": h["epoch"], "head": h["head_name"], "adv_acc": m.get("adv_acc"), "validation_acc": m.get("validation_acc"),
-                         **{k: h.get(k) for k in KEYS}})
+            rows.append(
+                {
+                    "epoch": h["epoch"],
+                    "head": h["head_name"],
+                    "adv_acc": m.get("adv_acc"),
+                    "validation_acc": m.get("validation_acc"),
+                    **{k: h.get(k) for k in KEYS},
+                }
+            )
         with open(out / f"{name}_evolution.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
@@ -79,10 +95,18 @@ def main(sweep_dir: str, out_dir: str) -> None:
         heads = {}
         for r in rows:
             if r["epoch"] in (first, epochs[-1]):
-                heads.setdefault(r["head"], {})["shortcut_learned" if r["epoch"] == first else "end"] = {k: r[k] for k in ("adv_acc", *KEYS)}
+                heads.setdefault(r["head"], {})["shortcut_learned" if r["epoch"] == first else "end"] = {
+                    k: r[k] for k in ("adv_acc", *KEYS)
+                }
         series[name] = rows
-        summary[name] = {"run": str(run_dir), "phase": phase, "epochs": [first, epochs[-1]], "heads": heads,
-                         "final_ablation": result["ablation"], "limits": result["limits"]}
+        summary[name] = {
+            "run": str(run_dir),
+            "phase": phase,
+            "epochs": [first, epochs[-1]],
+            "heads": heads,
+            "final_ablation": result["ablation"],
+            "limits": result["limits"],
+        }
         print(f"{name}: {run_dir} phase {phase}", file=sys.stderr)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
     write_figure(figure(series, summary), out / "evolution.html")
@@ -93,11 +117,22 @@ def figure(series: dict, summary: dict):
     from plotly.subplots import make_subplots
 
     names = list(series)
-    panels = [("adv_acc", "adversarial accuracy"), ("qk_rho_a", "QK fingerprint ρ (activations)"),
-              ("ov_parity_rho_a", "OV parity fingerprint ρ (activations)"), ("ablate_delta_acc_adv", "Δ adv. accuracy, head mean-ablated")]
-    fig = make_subplots(rows=len(panels), cols=len(names), shared_xaxes=True,
-                        subplot_titles=[f"{n}: {Path(summary[n]['run']).parent.name}/{Path(summary[n]['run']).name}" if i == 0 else ""
-                                        for i in range(len(panels)) for n in names])
+    panels = [
+        ("adv_acc", "adversarial accuracy"),
+        ("qk_rho_a", "QK fingerprint ρ (activations)"),
+        ("ov_parity_rho_a", "OV parity fingerprint ρ (activations)"),
+        ("ablate_delta_acc_adv", "Δ adv. accuracy, head mean-ablated"),
+    ]
+    fig = make_subplots(
+        rows=len(panels),
+        cols=len(names),
+        shared_xaxes=True,
+        subplot_titles=[
+            f"{n}: {Path(summary[n]['run']).parent.name}/{Path(summary[n]['run']).name}" if i == 0 else ""
+            for i in range(len(panels))
+            for n in names
+        ],
+    )
     colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
     for c, name in enumerate(names, start=1):
         rows = series[name]
@@ -105,9 +140,19 @@ def figure(series: dict, summary: dict):
         for r_i, (key, label) in enumerate(panels, start=1):
             for h_i, h in enumerate(heads if key != "adv_acc" else heads[:1]):
                 pts = [r for r in rows if r["head"] == h]
-                fig.add_trace(go.Scatter(x=[p["epoch"] for p in pts], y=[p[key] for p in pts], mode="lines+markers",
-                                         name=h if key != "adv_acc" else "adv_acc", legendgroup=h, showlegend=(c == 1 and r_i == 2) or (c == 2 and r_i == 2 and h.startswith("L1")),
-                                         line={"color": colors[h_i % 4] if key != "adv_acc" else "black"}), row=r_i, col=c)
+                fig.add_trace(
+                    go.Scatter(
+                        x=[p["epoch"] for p in pts],
+                        y=[p[key] for p in pts],
+                        mode="lines+markers",
+                        name=h if key != "adv_acc" else "adv_acc",
+                        legendgroup=h,
+                        showlegend=(c == 1 and r_i == 2) or (c == 2 and r_i == 2 and h.startswith("L1")),
+                        line={"color": colors[h_i % 4] if key != "adv_acc" else "black"},
+                    ),
+                    row=r_i,
+                    col=c,
+                )
             fig.update_yaxes(title_text=label if c == 1 else None, row=r_i, col=c)
     fig.update_xaxes(title_text="epoch", row=len(panels))
     fig.update_layout(template="plotly_white", height=900, title="Item 4: circuit reorganisation (r = 0.9)")

@@ -19,11 +19,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reproduction.figures import write_figure
 from lenslab.training.outcomes import FAILURES
 from lenslab.training.sweep import summarize_sweep
+from reproduction.figures import write_figure
 
-COLOURS = {"memorized": "#d62728", "shortcut": "#ff7f0e", "chance": "#7f7f7f", "constant": "#8c564b", "climbing": "#2ca02c", "partial": "#bcbd22"}
+COLOURS = {
+    "memorized": "#d62728",
+    "shortcut": "#ff7f0e",
+    "chance": "#7f7f7f",
+    "constant": "#8c564b",
+    "climbing": "#2ca02c",
+    "partial": "#bcbd22",
+}
 
 
 def regime(row: dict) -> str:
@@ -45,8 +52,16 @@ def regime_figure(rows: list[dict]):
     from plotly.subplots import make_subplots
 
     archs = sorted({(r["layers"], r["heads"]) for r in rows}, reverse=True)
-    fig = make_subplots(rows=len(archs), cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.16, vertical_spacing=0.14,
-                        subplot_titles=[t for L, H in archs for t in (f"{L}L {H}H: generalization rate", f"{L}L {H}H: runs that did not generalize")])
+    fig = make_subplots(
+        rows=len(archs),
+        cols=2,
+        column_widths=[0.55, 0.45],
+        horizontal_spacing=0.16,
+        vertical_spacing=0.14,
+        subplot_titles=[
+            t for L, H in archs for t in (f"{L}L {H}H: generalization rate", f"{L}L {H}H: runs that did not generalize")
+        ],
+    )
     for i, (L, H) in enumerate(archs, 1):
         mine = [r for r in rows if (r["layers"], r["heads"]) == (L, H) and r["runs"]]
         regimes = sorted({regime(r) for r in mine})
@@ -63,19 +78,43 @@ def regime_figure(rows: list[dict]):
                 first = "-" if r["median_first_generalized_epoch"] is None else f"{r['median_first_generalized_epoch']:g}"
                 ep = r["epochs_max"] if r["epochs_min"] == r["epochs_max"] else f"{r['epochs_min']}-{r['epochs_max']}"
                 zr.append(r["rate"])
-                tr.append(f"{r['generalized']}/{r['runs']} [{r['wilson_low']:.2f}, {r['wilson_high']:.2f}]<br>1st: {first} | {ep} ep")
+                tr.append(
+                    f"{r['generalized']}/{r['runs']} [{r['wilson_low']:.2f}, {r['wilson_high']:.2f}]<br>1st: {first} | {ep} ep"
+                )
             z.append(zr)
             text.append(tr)
-        fig.add_trace(go.Heatmap(z=z, x=[f"r = {q:g}" for q in ratios], y=regimes, text=text, texttemplate="%{text}", zmin=0, zmax=1,
-                                 colorscale="Blues", showscale=(i == 1), colorbar={"title": "rate", "len": 0.4, "y": 0.8}), row=i, col=1)
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                x=[f"r = {q:g}" for q in ratios],
+                y=regimes,
+                text=text,
+                texttemplate="%{text}",
+                zmin=0,
+                zmax=1,
+                colorscale="Blues",
+                showscale=(i == 1),
+                colorbar={"title": "rate", "len": 0.4, "y": 0.8},
+            ),
+            row=i,
+            col=1,
+        )
         labels = [f"{g} | r {q:g}" for g in regimes for q in ratios if any(regime(r) == g and r["ratio"] == q for r in mine)]
         for o in FAILURES:
             counts = [next(r[f"failed_{o}"] for r in mine if f"{regime(r)} | r {r['ratio']:g}" == lab) for lab in labels]
-            fig.add_trace(go.Bar(y=labels, x=counts, name=o, orientation="h", marker_color=COLOURS[o], legendgroup=o, showlegend=(i == 1)),
-                          row=i, col=2)
+            fig.add_trace(
+                go.Bar(y=labels, x=counts, name=o, orientation="h", marker_color=COLOURS[o], legendgroup=o, showlegend=(i == 1)),
+                row=i,
+                col=2,
+            )
         fig.update_xaxes(title_text="runs", row=i, col=2)
-    fig.update_layout(barmode="stack", template="plotly_white", height=380 * len(archs) + 120, width=1250,
-                      title="Regime map: generalization (100 % adversarial accuracy at any evaluation) by regime and r, with Wilson 95 % intervals")
+    fig.update_layout(
+        barmode="stack",
+        template="plotly_white",
+        height=380 * len(archs) + 120,
+        width=1250,
+        title="Regime map: generalization (100 % adversarial accuracy at any evaluation) by regime and r, with Wilson 95 % intervals",
+    )
     return fig
 
 

@@ -32,13 +32,33 @@ MODE = os.environ.get("LENSLAB_TUTORIAL_MODE", "quick")  # "quick" (CI, minutes 
 
 SETTINGS = {
     # a few minutes on 2 CPU cores; easier than the paper (4 values per sequence, 4,000 examples)
-    "quick": {"seq_len": 4, "n_values": 16, "n_train": 4_000, "n_val": 1_000, "n_adv": 1_000, "epochs": 40, "eval_every": 5,
-              "evo_checkpoints": 9, "evo_pairs": 64, "evo_examples": 256},
+    "quick": {
+        "seq_len": 4,
+        "n_values": 16,
+        "n_train": 4_000,
+        "n_val": 1_000,
+        "n_adv": 1_000,
+        "epochs": 40,
+        "eval_every": 5,
+        "evo_checkpoints": 9,
+        "evo_pairs": 64,
+        "evo_examples": 256,
+    },
     # the paper's split sizes and 15,000 epochs, for a GPU or several nights on a CPU, in the regime where
     # the question is still open (REPRODUCTION.md item 1: 6 values from 0..11, where 2L runs split
     # between learning the rule and memorizing the split within 200 epochs)
-    "full": {"seq_len": 6, "n_values": 12, "n_train": 16_384, "n_val": 2_048, "n_adv": 2_048, "epochs": 15_000, "eval_every": 50,
-             "evo_checkpoints": 40, "evo_pairs": 256, "evo_examples": 512},
+    "full": {
+        "seq_len": 6,
+        "n_values": 12,
+        "n_train": 16_384,
+        "n_val": 2_048,
+        "n_adv": 2_048,
+        "epochs": 15_000,
+        "eval_every": 50,
+        "evo_checkpoints": 40,
+        "evo_pairs": 256,
+        "evo_examples": 512,
+    },
 }
 if MODE not in SETTINGS:
     raise ValueError(f"LENSLAB_TUTORIAL_MODE={MODE!r}: use 'quick' or 'full'")
@@ -115,14 +135,18 @@ for r, sp in splits.items():
     assert table[(table.r == r) & (table.split == "adv")].ratio.item() == 0.0
     assert table[(table.r == r) & (table.split == "counterfactual")].ratio.item() == 0.0
     seqs = {name: {tuple(t) for t in sp[f"{name}_tokens"].tolist()} for name in ("train", "validation", "adv")}
-    assert not (seqs["train"] & seqs["validation"]) and not (seqs["train"] & seqs["adv"]) and not (seqs["validation"] & seqs["adv"])
+    assert (
+        not (seqs["train"] & seqs["validation"]) and not (seqs["train"] & seqs["adv"]) and not (seqs["validation"] & seqs["adv"])
+    )
 
 sp = splits[0.9]
 print("first validation rows and their counterfactual partners (values, then READ):")
 for i in range(3):
     v, c = sp["validation_tokens"][i].tolist(), sp["counterfactual_tokens"][i].tolist()
-    print(f"  {v[:-1]} label {int(sp['validation_labels'][i])} shortcut {int(sp['validation_shortcut'][i])}"
-          f"   ->  {c[:-1]} label {int(sp['counterfactual_labels'][i])} shortcut {int(sp['counterfactual_shortcut'][i])}")
+    print(
+        f"  {v[:-1]} label {int(sp['validation_labels'][i])} shortcut {int(sp['validation_shortcut'][i])}"
+        f"   ->  {c[:-1]} label {int(sp['counterfactual_labels'][i])} shortcut {int(sp['counterfactual_shortcut'][i])}"
+    )
 
 # %% [markdown]
 # ## 2. Train 1L and 2L models at r = 0.5 and r = 0.9
@@ -140,8 +164,19 @@ runs = {}
 t0 = time.time()
 for L in LAYERS:
     for r in RATIOS:
-        cfg = mpsp_run_config(ratio=r, layers=L, heads=HEADS, seq_len=S["seq_len"], n_values=S["n_values"], n_train=S["n_train"],
-                              n_val=S["n_val"], n_adv=S["n_adv"], epochs=S["epochs"], eval_every=S["eval_every"], seed=SEED)
+        cfg = mpsp_run_config(
+            ratio=r,
+            layers=L,
+            heads=HEADS,
+            seq_len=S["seq_len"],
+            n_values=S["n_values"],
+            n_train=S["n_train"],
+            n_val=S["n_val"],
+            n_adv=S["n_adv"],
+            epochs=S["epochs"],
+            eval_every=S["eval_every"],
+            seed=SEED,
+        )
         out = RUNS / f"L{L}_r{r}"
         train(cfg, out, resume=(out / "config.json").is_file(), progress=False)
         runs[(L, r)] = Run.open(out)
@@ -150,8 +185,17 @@ for L in LAYERS:
 summary_rows = []
 for (L, r), run in runs.items():
     s, m = run.summary, run.metrics
-    summary_rows.append({"layers": L, "r": r, "generalized": s["generalized"], "first 100% adv epoch": s["first_generalized_epoch"],
-                         "max adv acc": s["max_adv_acc"], "final validation acc": m[-1]["validation_acc"], "final adv acc": m[-1]["adv_acc"]})
+    summary_rows.append(
+        {
+            "layers": L,
+            "r": r,
+            "generalized": s["generalized"],
+            "first 100% adv epoch": s["first_generalized_epoch"],
+            "max adv acc": s["max_adv_acc"],
+            "final validation acc": m[-1]["validation_acc"],
+            "final adv acc": m[-1]["adv_acc"],
+        }
+    )
     # checks against the raw metrics (not against the summary's own bookkeeping)
     assert [row["epoch"] for row in m] == list(range(0, S["epochs"] + 1, S["eval_every"]))
     assert s["generalized"] == any(row["adv_acc"] == 1.0 for row in m)
@@ -179,7 +223,9 @@ for (L, r), run in runs.items():
     for trace in fig.data:
         assert len(trace.x) == len(m), (trace.name, len(trace.x))  # one point per evaluation
     fig.show()
-    phases.append({"layers": L, "r": r, **{k: phase[k] for k in ("phase1_epoch", "plateau_adv_acc", "phase2_epoch", "generalized_epoch")}})
+    phases.append(
+        {"layers": L, "r": r, **{k: phase[k] for k in ("phase1_epoch", "plateau_adv_acc", "phase2_epoch", "generalized_epoch")}}
+    )
     assert phase["generalized_epoch"] == runs[(L, r)].summary["first_generalized_epoch"]
 display(pd.DataFrame(phases))
 
@@ -207,13 +253,24 @@ for (L, r), run in runs.items():
     conflict = [row["grad_conflict"] for row in m]
     amp = [row["grad_amplification"] for row in m]
     assert all(-1.0 - 1e-6 <= c <= 1.0 + 1e-6 for c in conflict) and all(a > 0 for a in amp)
-    grad_rows.append({"layers": L, "r": r, "conflict at epoch 0": conflict[0], "min conflict": min(conflict),
-                      "final conflict": conflict[-1], "max amplification": max(amp), "final amplification": amp[-1]})
+    grad_rows.append(
+        {
+            "layers": L,
+            "r": r,
+            "conflict at epoch 0": conflict[0],
+            "min conflict": min(conflict),
+            "final conflict": conflict[-1],
+            "max amplification": max(amp),
+            "final amplification": amp[-1],
+        }
+    )
 display(pd.DataFrame(grad_rows))
 for g in grad_rows:
     if g["r"] == 0.9:
-        print(f"{g['layers']}L, r = 0.9: largest amplification {g['max amplification']:.1f}x "
-              f"(paper: 9-17x at r = 0.9; r/(1-r) = {0.9 / 0.1:.0f})")
+        print(
+            f"{g['layers']}L, r = 0.9: largest amplification {g['max amplification']:.1f}x "
+            f"(paper: 9-17x at r = 0.9; r/(1-r) = {0.9 / 0.1:.0f})"
+        )
 
 # %% [markdown]
 # Compare the first conflict column with the paper's "starts negative": at initialisation the
@@ -252,17 +309,22 @@ assert all(-1 <= r_["qk_rho"] <= 1 and 0 <= r_["pos0_mass"] <= 1 and -1 <= r_["o
 
 shortcut_head = max(fp_a, key=lambda r_: r_["qk_rho"])
 parity_head = max((r_ for r_ in fp_a if r_ is not shortcut_head), key=lambda r_: r_["ov_parity_rho"])
-print(f"shortcut head: {shortcut_head['head_name']} (qk_rho {shortcut_head['qk_rho']:.2f}); "
-      f"parity head: {parity_head['head_name']} (ov_parity_rho {parity_head['ov_parity_rho']:.2f})")
+print(
+    f"shortcut head: {shortcut_head['head_name']} (qk_rho {shortcut_head['qk_rho']:.2f}); "
+    f"parity head: {parity_head['head_name']} (ov_parity_rho {parity_head['ov_parity_rho']:.2f})"
+)
 if parity_head["ov_parity_rho"] <= 0:
-    print("No head writes the parity of the token it attends to (every ov_parity_rho <= 0), so the 'parity head' below is "
-          "only the best of the rest. In this model the parity computation is not carried by one head's OV circuit.")
+    print(
+        "No head writes the parity of the token it attends to (every ov_parity_rho <= 0), so the 'parity head' below is "
+        "only the best of the rest. In this model the parity computation is not carried by one head's OV circuit."
+    )
 
 # %% [markdown]
 # circuitsvis draws the attention pattern of the two heads. The bottom row is the `READ` query,
 # which produces the answer. A max-shortcut head puts its attention on the largest value. Here
 # `AttentionView` inlines circuitsvis's own JavaScript bundle (once per kernel) instead of loading
 # it from a CDN, so the views render offline.
+
 
 # %%
 def two_head_view(tokens, title):
@@ -275,7 +337,9 @@ def two_head_view(tokens, title):
 views = []
 for split in ("validation", "counterfactual"):
     tok = sp[f"{split}_tokens"][0]
-    view, pats = two_head_view(tok, f"{split} #0: {tok[:-1].tolist()}, label {int(sp[f'{split}_labels'][0])}, shortcut {int(sp[f'{split}_shortcut'][0])}")
+    view, pats = two_head_view(
+        tok, f"{split} #0: {tok[:-1].tolist()}, label {int(sp[f'{split}_labels'][0])}, shortcut {int(sp[f'{split}_shortcut'][0])}"
+    )
     assert pats.shape == (2, task.n_ctx, task.n_ctx)
     assert torch.allclose(pats.sum(-1), torch.ones(2, task.n_ctx), atol=1e-5)  # each query's attention sums to 1
     html = view.html()
@@ -318,12 +382,24 @@ fig.show()
 # are computed in one batched pass.
 
 # %%
-grids = cross_split_patching(model, sp["validation_tokens"], sp["counterfactual_tokens"], sp["counterfactual_labels"],
-                             sp["counterfactual_shortcut"], kinds=("resid_pre", "z_by_pos"), max_pairs=None)
+grids = cross_split_patching(
+    model,
+    sp["validation_tokens"],
+    sp["counterfactual_tokens"],
+    sp["counterfactual_labels"],
+    sp["counterfactual_shortcut"],
+    kinds=("resid_pre", "z_by_pos"),
+    max_pairs=None,
+)
 L_, H_, P_ = model.cfg.n_layers, model.cfg.n_heads, task.n_ctx
 a, b = sp["counterfactual_labels"], sp["counterfactual_shortcut"]
-ld = {name: float(logit_diff(readout_logits(model, sp[f"{name}_tokens"]), a, b).double().mean()) for name in ("validation", "counterfactual")}
-print(f"mean logit diff (label − shortcut class): validation run {ld['validation']:.3f}, counterfactual run {ld['counterfactual']:.3f}")
+ld = {
+    name: float(logit_diff(readout_logits(model, sp[f"{name}_tokens"]), a, b).double().mean())
+    for name in ("validation", "counterfactual")
+}
+print(
+    f"mean logit diff (label − shortcut class): validation run {ld['validation']:.3f}, counterfactual run {ld['counterfactual']:.3f}"
+)
 for direction, by_kind in grids.items():
     src, rec = direction.split("->")
     for kind, grid in by_kind.items():
@@ -331,7 +407,9 @@ for direction, by_kind in grids.items():
         assert tuple(grid.values.shape) == {"resid_pre": (L_, P_), "z_by_pos": (L_, P_, H_)}[kind]
         assert torch.isfinite(grid.values).all()
         # the unpatched runs, recomputed with a plain forward pass
-        assert math.isclose(grid.ld_source, ld[src], rel_tol=1e-4, abs_tol=1e-4) and math.isclose(grid.ld_receiver, ld[rec], rel_tol=1e-4, abs_tol=1e-4)
+        assert math.isclose(grid.ld_source, ld[src], rel_tol=1e-4, abs_tol=1e-4) and math.isclose(
+            grid.ld_receiver, ld[rec], rel_tol=1e-4, abs_tol=1e-4
+        )
         if kind == "resid_pre":
             assert grid.values[0, -1] == 0  # layer 0 at READ: the same token in both runs, so patching changes nothing
         else:
@@ -395,8 +473,17 @@ for direction, by_kind in grids.items():
 
 # %%
 paper = {(2, 0.5): "0 %", (2, 0.9): "77 %", (1, 0.5): "33 %", (1, 0.9): "0 %"}
-side = pd.DataFrame([{"layers": L, "r": r, "paper: seeds that generalize": paper[(L, r)],
-                      f"this notebook ({MODE}, seed {SEED}): generalized?": runs[(L, r)].summary["generalized"],
-                      "max adv acc": runs[(L, r)].summary["max_adv_acc"]} for (L, r) in runs])
+side = pd.DataFrame(
+    [
+        {
+            "layers": L,
+            "r": r,
+            "paper: seeds that generalize": paper[(L, r)],
+            f"this notebook ({MODE}, seed {SEED}): generalized?": runs[(L, r)].summary["generalized"],
+            "max adv acc": runs[(L, r)].summary["max_adv_acc"],
+        }
+        for (L, r) in runs
+    ]
+)
 assert len(side) == 4 and side.iloc[:, 3].map(type).eq(bool).all()
 display(side)

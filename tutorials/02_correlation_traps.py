@@ -1,58 +1,78 @@
 # %% [markdown]
-# # Tutorial 2: correlation traps in long-horizon grokking
+# # Tutorial 2: correlation traps and anti-grokking
 #
 # Paper 2 (Prakash & Martin, "Detecting overfitting in neural networks during long-horizon
 # grokking using random matrix theory") asks whether the weights alone, with no data, can show
-# that a model has started to overfit. A model that *grokked* modular addition can, after much
-# longer training without weight decay, lose test accuracy while train accuracy stays at 100 %
-# ("anti-grokking"). The paper's detector is the **correlation trap**:
+# that a model has started to overfit. Its claim for modular addition: a model that groks can,
+# **long after grokking and without weight decay**, lose test accuracy while train accuracy stays
+# at 100 % ("anti-grokking"). This collapse is heralded by two signs in the weights:
 #
-# 1. shuffle all entries of a weight matrix W (one permutation of the whole matrix);
-# 2. take the eigenvalues of X = W_randᵀ W_rand / N;
-# 3. fit the Marchenko–Pastur (MP) law to them;
-# 4. count eigenvalues above the MP bulk edge plus a Tracy–Widom allowance: those are traps.
+# - the HTSR exponent α of the layers' eigenvalue spectra drops **below 2** (a very heavy tail);
+# - **correlation traps** appear: shuffle all entries of a weight matrix W, take the eigenvalues
+#   of X = W_randᵀ W_rand / N, fit the Marchenko–Pastur (MP) law, and count the eigenvalues above
+#   the MP bulk edge plus a Tracy–Widom allowance. Shuffling destroys every correlation between
+#   entries, so an outlier that survives comes from a few huge entries (localized mass). The
+#   paper reports 0 traps per matrix before and at grokking, and 3–7 per matrix in the
+#   anti-grokked model (test accuracy 0.68).
 #
-# Shuffling destroys every correlation *between* entries, so what survives as an outlier comes
-# from a few huge entries (localized mass). The paper reports 0 traps per matrix before and at
-# grokking, and 3–7 per matrix in the anti-grokked model (test accuracy 0.68).
+# ## The protocol
 #
-# This notebook:
+# Modular addition (`a b =` → `(a + b) mod p`), full batch, AdamW with lr 1e-3 and betas
+# (0.9, 0.98), in **float64**, with the weight decay **fixed from step 0**: 0 and 0.01 are the
+# arms of interest, 1.0 is the control that should grok. Training is long, so evaluations and
+# checkpoints are **log-spaced** (dense early, sparse late). A fourth arm trains at weight
+# decay 0 in **float32**. Its point is precision. At weight decay 0 the logits can grow until the
+# softmax saturates, and then most train losses are *exactly* 0 in float32 and send no gradient.
+# This "softmax collapse" can freeze a float32 run before anything like anti-grokking can happen,
+# which is why the protocol uses float64.
 #
-# 1. trains the modular-addition model until it groks;
-# 2. keeps training from the grokked weights with weight decay 0, looking for anti-grokking;
-# 3. tracks trap counts per matrix against train/test accuracy;
-# 4. shows one ESD with its MP fit;
-# 5. runs the trap-replacement JSD ablation with its null;
-# 6. compares with weight decay 0.01.
+# All float64 arms (and seeds) train together as one stacked ensemble
+# (`lenslab.training.ensemble.train_ensemble`). Members share the task, the dtype and the
+# schedule, and may differ in seed and weight decay. Each member is an ordinary run directory.
 #
-# **What a quick run can and cannot show.** Quick mode uses p = 31 with 80 % of the pairs for
-# training and a learning rate of 3e-3, a size that groks in a few hundred epochs on a CPU. With
-# the usual 1e-3 the same model had reached only 0.82 test accuracy by epoch 350, against 0.96
-# with 3e-3. It then continues for a few hundred epochs. The paper's anti-grokking needs orders
-# of magnitude longer training (its MNIST model ran 10⁷ steps). So a dip in test accuracy here is
-# not anti-grokking in the paper's sense, and a handful of traps just above the threshold is not
-# the paper's 3–7 per matrix. An earlier probe on this CPU (p = 59, 23,500 epochs from scratch at
-# weight decay 0, a simpler counter) found no traps and no grokking. The tables below show what
-# this run found. Section 5 also runs the ablation on a copy of the model with planted traps,
-# for a reference case with unmistakable traps. Full mode uses the paper's p = 113 and a long
-# continuation; that run is for a GPU or a long night.
+# ## Quick mode is scaled down, and which knobs it changes
+#
+# The paper's set-up (full mode below: p = 113, 30 % of the pairs for training, 10⁵ steps, 200
+# log-spaced evaluations) takes hours on a CPU. We have not run it for this tutorial. Quick
+# mode, the default and what CI runs, changes four knobs so that it fits in a few minutes on a
+# shared 2-core machine:
+#
+# | knob | full (the paper's) | quick |
+# |---|---|---|
+# | p | 113 | 23 |
+# | train fraction | 0.3 | 0.8 |
+# | learning rate | 1e-3 | 3e-3 |
+# | steps / log-spaced evaluations | 100,000 / 200 | 700 / 40 |
+# | seeds | 0, 1 | 0 |
+#
+# Float64, full batch, betas, the weight decays and the log schedule are the same. The small
+# modulus and the large train fraction exist only so that the weight-decay-1 control groks in a
+# few hundred steps. On this CPU, smaller fractions did not get there: at p = 31 with a train
+# fraction of 0.3, no arm grokked in 18,685 steps, not even weight decay 1. At p = 31 with
+# weight decay 1 in float64 (seed 0), test accuracy reached 0.95 by step 2,080 with a train
+# fraction of 0.6. At 0.5 it reached only 0.69 by step 4,000, and at 0.4 only 0.14
+# (`reproduction/antigrok_pilot.sh`). A longer probe at p = 31 with a 0.6 train fraction is
+# running as this is written, and its results will go to item 6c of `REPRODUCTION.md`.
+#
+# **What to expect from quick mode:** the machinery, the control grokking and the float32
+# collapse. 700 steps are far too few for anti-grokking. The last section says what this run can
+# and cannot show.
 
 # %%
 import os
 
-MODE = os.environ.get("LENSLAB_TUTORIAL_MODE", "quick")  # "quick" (CI, minutes on a CPU) or "full" (paper scale)
+MODE = os.environ.get("LENSLAB_TUTORIAL_MODE", "quick")  # "quick" (CI, minutes on a CPU) or "full" (paper scale, hours on a CPU)
 
 SETTINGS = {
-    # groks in a few hundred epochs on a CPU (lr 3e-3 instead of the usual 1e-3, 80 % of the pairs)
-    "quick": {"p": 31, "train_frac": 0.8, "lr": 3e-3, "grok_epochs": 600, "eval_every": 25, "continue_epochs": 300, "record_every": 50},
-    # the paper's model size and the standard grokking recipe, then a long continuation
-    "full": {"p": 113, "train_frac": 0.3, "lr": 1e-3, "grok_epochs": 25_000, "eval_every": 100, "continue_epochs": 200_000,
-             "record_every": 2_000},
+    # scaled down so that the weight-decay-1 control groks in a few hundred steps on a CPU
+    "quick": {"p": 23, "train_frac": 0.8, "lr": 3e-3, "epochs": 700, "n_evals": 40, "seeds": (0,)},
+    # the paper's set-up: p = 113, 30 % train, lr 1e-3, a long horizon with log-spaced evaluations
+    "full": {"p": 113, "train_frac": 0.3, "lr": 1e-3, "epochs": 100_000, "n_evals": 200, "seeds": (0, 1)},
 }
 if MODE not in SETTINGS:
     raise ValueError(f"LENSLAB_TUTORIAL_MODE={MODE!r}: use 'quick' or 'full'")
 S = SETTINGS[MODE]
-WEIGHT_DECAYS = (0.0, 0.01)  # for the continuation; the grokking run uses the recipe's 1.0
+ARMS = [("float64", 0.0), ("float64", 0.01), ("float64", 1.0), ("float32", 0.0)]  # (dtype, weight decay), fixed from step 0
 print(MODE, S)
 
 # %%
@@ -63,195 +83,405 @@ import warnings
 from pathlib import Path
 
 import pandas as pd
+import plotly.graph_objects as go
 import plotly.io as pio
 import torch
+import torch.nn.functional as F
 from IPython.display import display
+from plotly.subplots import make_subplots
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto without ipywidgets; we pass progress=False anyway
 
 from lenslab.interp import visual
 from lenslab.interp.common import readout_logits
 from lenslab.interp.spectral import detect_traps, esd_figure, extract_matrices, trap_count_figure, trap_counts_over_run, trap_jsd
-from lenslab.training.config import modadd_run_config, with_init
+from lenslab.training.config import log_schedule, modadd_run_config
+from lenslab.training.ensemble import train_ensemble
+from lenslab.training.outcomes import GROKKED, modadd_outcome
 from lenslab.training.run import Run
-from lenslab.training.trainer import train
 
 # The figure as JSON, drawn by the plotly extension that ships in the plotly wheel (JupyterLab,
 # Notebook 7, VS Code): nothing is fetched. plotly's "notebook" renderer would load MathJax from a CDN.
 pio.renderers.default = "plotly_mimetype"
 RUNS = Path("runs") / "tutorial02" / MODE
-MATRICES = ["embed.W_E", "blocks.0.attn.W_Q", "blocks.0.attn.W_K", "blocks.0.attn.W_V", "blocks.0.attn.W_O",
-            "blocks.0.mlp.W_in", "blocks.0.mlp.W_out", "unembed.W_U"]  # the paper's eight (W_pos excluded)
+MATRICES = [
+    "embed.W_E",
+    "blocks.0.attn.W_Q",
+    "blocks.0.attn.W_K",
+    "blocks.0.attn.W_V",
+    "blocks.0.attn.W_O",
+    "blocks.0.mlp.W_in",
+    "blocks.0.mlp.W_out",
+    "unembed.W_U",
+]  # the paper's eight (W_pos excluded)
+COLORS = {("float64", 0.0): "#d62728", ("float64", 0.01): "#ff7f0e", ("float64", 1.0): "#2ca02c", ("float32", 0.0): "#9467bd"}
+
+
+def arm_name(dtype, wd):
+    return f"{dtype}-wd{wd:g}"
+
 
 # %% [markdown]
-# ## 1. Grok modular addition
+# ## 1. Train the arms
 #
-# Tokens `a b =`, label `(a + b) mod p`. The model is TransformerLens's grokking model: 1 layer,
-# d_model 128, 4 heads, d_mlp 512, no LayerNorm. It is trained full batch with AdamW
-# (weight decay 1.0, betas 0.9/0.98). `train` writes a run directory with checkpoints; re-running
-# the cell resumes the finished run instead of training again.
+# The model is TransformerLens's grokking model: 1 layer, d_model 128, 4 heads, d_mlp 512, no
+# LayerNorm. `modadd_run_config(..., dtype=, weight_decay=, eval_schedule="log", n_evals=)`
+# builds each member's config. Its evaluation epochs are `log_schedule(epochs, n_evals)`: epoch 0,
+# then `n_evals` epochs spaced geometrically from 1 to the last. With the log schedule, every
+# evaluation also keeps a checkpoint. One ensemble trains the float64 members. The float32
+# member trains in a second one, because members of an ensemble share their dtype. With
+# `resume=True`, re-running the cell continues finished or interrupted members instead of
+# training again. With full batch, one epoch is one step.
+
+
+# %%
+def configs(dtype):
+    arms = [(d, wd) for d, wd in ARMS if d == dtype]
+    cfgs = [
+        modadd_run_config(
+            p=S["p"],
+            train_frac=S["train_frac"],
+            lr=S["lr"],
+            weight_decay=wd,
+            seed=s,
+            epochs=S["epochs"],
+            dtype=dtype,
+            eval_schedule="log",
+            n_evals=S["n_evals"],
+        )
+        for _, wd in arms
+        for s in S["seeds"]
+    ]
+    outs = [RUNS / arm_name(dtype, wd) / f"seed_{s}" for _, wd in arms for s in S["seeds"]]
+    return cfgs, outs
+
+
+t0 = time.time()
+for dtype in ("float64", "float32"):
+    cfgs, outs = configs(dtype)
+    train_ensemble(cfgs, outs, resume=True, progress=False)
+    print(f"{dtype}: {len(cfgs)} members, {S['epochs']} steps, {time.time() - t0:.0f} s so far")
+
+runs = {(dtype, wd, s): Run.open(RUNS / arm_name(dtype, wd) / f"seed_{s}") for dtype, wd in ARMS for s in S["seeds"]}
+
+schedule = log_schedule(S["epochs"], S["n_evals"])
+n_pairs, n_train = S["p"] ** 2, round(S["train_frac"] * S["p"] ** 2)
+for (dtype, wd, s), run in runs.items():
+    assert [r["epoch"] for r in run.metrics] == schedule  # an evaluation at every log-spaced epoch
+    assert run.epochs() == schedule  # and a checkpoint at each
+    assert run.dtype == getattr(torch, dtype)
+    cfg = run.config["train"]
+    assert (cfg["weight_decay"], cfg["lr"], tuple(cfg["betas"]), cfg["batch_size"]) == (
+        wd,
+        S["lr"],
+        (0.9, 0.98),
+        None,
+    )  # full batch
+    assert len(run.splits["train_labels"]) == n_train and len(run.splits["test_labels"]) == n_pairs - n_train
+    tok, lab = run.splits["test_tokens"], run.splits["test_labels"]
+    assert torch.equal(lab, (tok[:, 0] + tok[:, 1]) % S["p"])  # the rule, recomputed here
+print(f"{len(runs)} runs; evaluation epochs: {schedule[:8]} ... {schedule[-4:]}")
+
+# %% [markdown]
+# Two details of this split matter for reading the curves. Every run uses the same split (the
+# data seed is fixed), so the arms differ only in their weight decay and dtype. Addition also
+# commutes: a test pair (a, b) whose mirror (b, a) is in the train split can be answered by a
+# model that learned the mirror without learning the rule. With 80 % of the pairs for training,
+# most test pairs have their mirror in the train split. A test accuracy near that share means
+# "memorized the train split, and symmetric", not "learned the rule".
+
+# %%
+run0 = next(iter(runs.values()))
+train_pairs = {tuple(t[:2]) for t in run0.splits["train_tokens"].tolist()}
+test_pairs = [tuple(t[:2]) for t in run0.splits["test_tokens"].tolist()]
+mirror_share = sum((b, a) in train_pairs for a, b in test_pairs) / len(test_pairs)
+assert not train_pairs & set(test_pairs)
+print(f"test pairs whose mirror is in the train split: {mirror_share:.3f}")
+
+# %% [markdown]
+# ## 2. Accuracy against step, per arm
+#
+# Train accuracy is dotted and test accuracy solid. The x axis is logarithmic, like the
+# evaluation schedule. Grokking is the test curve rising to ≥ 0.95 long after the train curve
+# reached 1. Anti-grokking would be that test curve falling again while train stays at 1.
+
+# %%
+fig = go.Figure()
+for (dtype, wd, s), run in runs.items():
+    rows = [r for r in run.metrics if r["epoch"] > 0]  # log axis: epoch 0 cannot be drawn
+    for key, dash in (("test_acc", "solid"), ("train_acc", "dot")):
+        fig.add_trace(
+            go.Scatter(
+                x=[r["epoch"] for r in rows],
+                y=[r[key] for r in rows],
+                mode="lines+markers",
+                marker={"size": 3},
+                name=f"{arm_name(dtype, wd)} s{s} {key.split('_')[0]}",
+                line={"color": COLORS[dtype, wd], "dash": dash},
+            )
+        )
+fig.add_hline(y=GROKKED, line_dash="dash", line_color="grey", annotation_text=f"grokked (test ≥ {GROKKED})")
+fig.add_hline(
+    y=mirror_share, line_dash="dot", line_color="lightgrey", annotation_text="mirror share", annotation_position="bottom right"
+)
+fig.update_xaxes(type="log", title_text="step (full batch: step = epoch)")
+fig.update_yaxes(title_text="accuracy", range=[0, 1.02])
+fig.update_layout(title=f"p = {S['p']}, {S['train_frac']:.0%} train, weight decay fixed from step 0", height=500)
+assert len(fig.data) == 2 * len(runs) and all(len(t.x) == len(schedule) - 1 for t in fig.data)
+fig.show()
+
+for (dtype, wd, s), run in runs.items():
+    last = run.metrics[-1]
+    print(
+        f"{arm_name(dtype, wd):>13} seed {s}: final train {last['train_acc']:.3f}, test {last['test_acc']:.3f}, "
+        f"best test {max(r['test_acc'] for r in run.metrics):.3f} (mirror share {mirror_share:.3f})"
+    )
+
+# %% [markdown]
+# ## 3. Collapse diagnostics: float32 against float64 at weight decay 0
+#
+# Every metrics row also carries `train_max_abs_logit` (the largest |logit| on the train split),
+# `train_zero_loss_frac` (the share of train examples whose cross-entropy is *exactly* 0 in the
+# run's dtype), `weight_norm` (all parameters), `weight_norms` (per parameter) and `grad_norm`
+# (the last step's). A train example stops sending gradient once its loss is exactly 0. In float32
+# that happens once the correct logit leads by about 17 nats (e⁻¹⁷ is below float32's resolution
+# near 1). In float64 it takes about 37. The three panels compare the two weight-decay-0 runs.
+# The cell below the figure recomputes the last row's numbers from the saved model, as a check
+# of the definitions. Compare the last gradient norms as well. A float64 run whose train losses
+# are all tiny but not exactly 0 still receives a gradient, though it can be very small, so a
+# run can stall without softmax collapse.
+
+# %%
+pairs = [(dtype, wd, s) for dtype, wd in (("float64", 0.0), ("float32", 0.0)) for s in S["seeds"]]
+panels = [
+    ("train_max_abs_logit", "max |logit| (train)"),
+    ("train_zero_loss_frac", "train examples with loss exactly 0"),
+    ("weight_norm", "weight norm (all parameters)"),
+]
+fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in panels])
+for dtype, wd, s in pairs:
+    rows = [r for r in runs[dtype, wd, s].metrics if r["epoch"] > 0]
+    for j, (key, _) in enumerate(panels):
+        fig.add_trace(
+            go.Scatter(
+                x=[r["epoch"] for r in rows],
+                y=[r[key] for r in rows],
+                mode="lines+markers",
+                marker={"size": 3},
+                name=f"{arm_name(dtype, wd)} s{s}",
+                legendgroup=f"{dtype}{s}",
+                showlegend=j == 0,
+                line={"color": COLORS[dtype, wd]},
+            ),
+            row=1,
+            col=j + 1,
+        )
+fig.update_xaxes(type="log", title_text="step")
+fig.update_yaxes(range=[0, 1.02], row=1, col=2)
+fig.update_layout(height=400, title="weight decay 0: float64 against float32")
+assert len(fig.data) == len(panels) * len(pairs)
+fig.show()
+
+for dtype, wd, s in pairs:
+    run = runs[dtype, wd, s]
+    last = run.metrics[-1]
+    for r in run.metrics:
+        assert all(r.get(k) is not None for k in ("train_max_abs_logit", "train_zero_loss_frac", "weight_norm", "weight_norms"))
+        assert 0.0 <= r["train_zero_loss_frac"] <= 1.0
+        assert math.isclose(r["weight_norm"], math.sqrt(sum(v**2 for v in r["weight_norms"].values())), rel_tol=1e-5)
+    with torch.no_grad():
+        logits = readout_logits(run.model(), run.splits["train_tokens"])
+        losses = F.cross_entropy(logits, run.splits["train_labels"], reduction="none")
+    assert logits.dtype == getattr(torch, dtype)
+    assert math.isclose(float(logits.abs().max()), last["train_max_abs_logit"], rel_tol=1e-4)
+    assert math.isclose(float((losses == 0).double().mean()), last["train_zero_loss_frac"], abs_tol=0.02)
+    print(
+        f"{arm_name(dtype, wd)} seed {s} at step {last['epoch']}: max |logit| {last['train_max_abs_logit']:.1f}, "
+        f"zero-loss share {last['train_zero_loss_frac']:.3f}, weight norm {last['weight_norm']:.1f}, "
+        f"last gradient norm {last['grad_norm']:.3g}"
+    )
+
+# %% [markdown]
+# The report's panel for the same numbers is `visual.collapse_items(metrics)`: a note and
+# `visual.collapse_figure(metrics)`, which also draws the norm of each weight matrix and the
+# gradient norm. Here is that panel for the float32 run.
+
+# %%
+note, fig = visual.collapse_items(runs["float32", 0.0, S["seeds"][0]].metrics)
+print(note)
+assert isinstance(fig, go.Figure) and len(fig.data) >= 4
+fig.show()
+
+# %% [markdown]
+# ## 4. Traps and HTSR α at every checkpoint
+#
+# `trap_counts_over_run(run_dir)` scans every checkpoint of a run. This is the library call
+# behind `lenslab traps RUN --mode robust`, which `reproduction/antigrok.py` also uses. For each
+# of the eight matrices, it shuffles the entries once (seeded), fits the MP law to the bulk only
+# (robust mode), and counts the eigenvalues above the threshold. It also fits the HTSR power-law
+# exponent α to the matrix's own, unshuffled spectrum. We get one tidy row per checkpoint ×
+# matrix, carrying the accuracies logged at that step. The figure shows, per arm, the smallest
+# α across the eight matrices, with the paper's α = 2 line, and the total trap count.
 
 # %%
 t0 = time.time()
-cfg = modadd_run_config(p=S["p"], train_frac=S["train_frac"], lr=S["lr"], weight_decay=1.0,
-                        epochs=S["grok_epochs"], eval_every=S["eval_every"], seed=0)
-out = RUNS / "grok"
-train(cfg, out, resume=(out / "config.json").is_file(), progress=False)
-grok = Run.open(out)
-m = grok.metrics
-print(f"trained {S['grok_epochs']} epochs in {time.time() - t0:.0f} s")
+traps = {}
+for key, run in runs.items():
+    traps[key] = pd.DataFrame(trap_counts_over_run(run.path, workers=1).to_records())
+print(f"scanned {sum(len(run.epochs()) for run in runs.values())} checkpoints in {time.time() - t0:.0f} s")
 
-n_pairs = S["p"] ** 2
-assert len(grok.splits["train_labels"]) == round(S["train_frac"] * n_pairs) and len(grok.splits["test_labels"]) == n_pairs - round(S["train_frac"] * n_pairs)
-assert [r["epoch"] for r in m] == list(range(0, S["grok_epochs"] + 1, S["eval_every"]))
-tok, lab = grok.splits["test_tokens"], grok.splits["test_labels"]
-assert torch.equal(lab, (tok[:, 0] + tok[:, 1]) % S["p"])  # the rule, recomputed here
+for key, df in traps.items():
+    assert len(df) == len(schedule) * len(MATRICES)  # one row per checkpoint x matrix
+    assert all(sorted(g.matrix) == sorted(MATRICES) for _, g in df.groupby("epoch"))
+    assert sorted(df.epoch.unique()) == schedule
+    assert df.error.isna().all() and (df.n_traps >= 0).all()
+    assert (df.alpha.notna() | df.alpha_reason.notna()).all()  # alpha, or why it could not be fitted
 
-memorized = next(r["epoch"] for r in m if r["train_acc"] == 1.0)
-grokked = next((r["epoch"] for r in m if r["test_acc"] >= 0.95), None)
-print(f"train accuracy 1.0 from epoch {memorized}; test accuracy ≥ 0.95 from epoch {grokked}; "
-      f"final train {m[-1]['train_acc']:.3f}, test {m[-1]['test_acc']:.3f}")
-# this notebook's claim: the model memorises first and generalizes later, and ends grokked
-assert grokked is not None and grokked > memorized and m[-1]["train_acc"] == 1.0 and m[-1]["test_acc"] >= 0.95
+per_ckpt = {
+    key: df.groupby("epoch")
+    .agg(
+        alpha_min=("alpha", "min"),
+        traps_total=("n_traps", "sum"),
+        test_acc=("test_acc", "first"),
+        train_acc=("train_acc", "first"),
+    )
+    .reset_index()
+    for key, df in traps.items()
+}
 
-fig = visual.lines(m, "epoch", ["train_acc", "test_acc"], f"p = {S['p']}: grokking (weight decay 1.0)", "accuracy",
-                   vlines={"train = 1": memorized, "test ≥ 0.95": grokked})
-assert [len(t.x) for t in fig.data] == [len(m), len(m)]
+fig = make_subplots(
+    rows=1, cols=2, subplot_titles=["smallest HTSR α across the 8 matrices", "correlation traps (all 8 matrices)"]
+)
+for (dtype, wd, s), t in per_ckpt.items():
+    t = t[t.epoch > 0]
+    for j, col in enumerate(("alpha_min", "traps_total")):
+        fig.add_trace(
+            go.Scatter(
+                x=t.epoch,
+                y=t[col],
+                mode="lines+markers",
+                marker={"size": 3},
+                name=f"{arm_name(dtype, wd)} s{s}",
+                legendgroup=f"{dtype}{wd}{s}",
+                showlegend=j == 0,
+                line={"color": COLORS[dtype, wd]},
+            ),
+            row=1,
+            col=j + 1,
+        )
+fig.add_hline(y=2, line_dash="dash", line_color="grey", row=1, col=1, annotation_text="α = 2")
+fig.update_xaxes(type="log", title_text="step")
+fig.update_layout(height=420, title="HTSR α and correlation traps per checkpoint")
+assert len(fig.data) == 2 * len(runs)
 fig.show()
 
 # %% [markdown]
-# ## 2. Trap counts through grokking
-#
-# `trap_counts_over_run` scans every checkpoint of the run. For each of the eight matrices it
-# shuffles the entries once (seeded), fits the MP law to the bulk only (the robust mode), and
-# counts the eigenvalues above the threshold. The rows carry the accuracies logged at the same
-# epoch. The paper predicts 0 traps in every matrix before and at grokking.
+# The same scan matrix by matrix for the float64 run at weight decay 0, the arm where the paper
+# expects anti-grokking: accuracies on top, then the traps and α of each matrix
+# (`trap_count_figure`). Below it is the last checkpoint's α per matrix for every arm.
 
 # %%
-rows_grok = trap_counts_over_run(grok.path)
-df = pd.DataFrame(rows_grok.to_records())
-assert len(df) == len(grok.epochs()) * len(MATRICES)
-assert all(sorted(g.matrix) == sorted(MATRICES) for _, g in df.groupby("epoch"))
-assert df.error.isna().all()
-assert all(isinstance(n, int) and n >= 0 for n in rows_grok.column("n_traps"))
-display(df.pivot(index="epoch", columns="matrix", values="n_traps")[MATRICES])
-first_trap = {k: int(g.epoch[g.n_traps > 0].min()) for k, g in df.groupby("matrix") if (g.n_traps > 0).any()}
-print(f"first checkpoint with a trap, per matrix: {first_trap or 'none'} (test accuracy ≥ 0.95 from epoch {grokked})")
+key0 = ("float64", 0.0, S["seeds"][0])
+rows0 = [r for r in traps[key0].to_dict("records") if r["epoch"] > 0]
+fig = trap_count_figure(
+    rows0, [r for r in runs[key0].metrics if r["epoch"] > 0], title=f"{arm_name(*key0[:2])}: traps and α per matrix"
+)
+fig.update_xaxes(type="log")
+assert len(fig.data) == 2 + 2 * len(MATRICES)  # train/test accuracy, traps per matrix, alpha per matrix
+fig.show()
 
-fig = trap_count_figure(rows_grok.to_records(), grok.metrics, title=f"p = {S['p']}: traps while grokking")
-assert len(fig.data) == 2 + 2 * len(MATRICES)  # train/test accuracy, traps per matrix, HTSR alpha per matrix
+final_alpha = pd.DataFrame(
+    {f"{arm_name(d, wd)} s{s}": df[df.epoch == schedule[-1]].set_index("matrix").alpha for (d, wd, s), df in traps.items()}
+).loc[MATRICES]
+assert final_alpha.shape == (len(MATRICES), len(runs))
+display(final_alpha.round(2))
+
+# %% [markdown]
+# ## 5. One row per arm: grokked? anti-grokked? when did α < 2 and the first trap appear?
+#
+# `modadd_outcome(run)` reads a run's metrics. *Grokked* means test accuracy ≥ 0.95 at some
+# evaluation. *Anti-grokked* means that, after grokking, test accuracy later fell 0.1 or more
+# below its best. The paper's collapse was 0.97 → 0.68. The trap and α columns come from the scan
+# above. If the paper's heralds work, α < 2 and the first trap should come *before* the
+# anti-grokking step.
+
+# %%
+table = []
+for (dtype, wd, s), run in runs.items():
+    o = modadd_outcome(run)
+    t = per_ckpt[dtype, wd, s]
+    first_alpha2 = t.epoch[t.alpha_min < 2].min() if (t.alpha_min < 2).any() else None
+    first_trap = t.epoch[t.traps_total > 0].min() if (t.traps_total > 0).any() else None
+    table.append(
+        {
+            "arm": arm_name(dtype, wd),
+            "seed": s,
+            "outcome": o["outcome"],
+            "grokked at": o["first_grokked_epoch"],
+            "anti-grokked at": o["anti_grokked_epoch"],
+            "best test": o["test_acc_best"],
+            "final test": o["test_acc_final"],
+            "final train": o["train_acc_final"],
+            "first α < 2": first_alpha2,
+            "first trap": first_trap,
+            "traps at end": int(t.traps_total.iloc[-1]),
+            "min α at end": t.alpha_min.iloc[-1],
+            "zero-loss share at end": o["zero_loss_frac_final"],
+            "max |logit| at end": o["max_abs_logit_final"],
+        }
+    )
+    # the outcome's grokking step is the first evaluation at >= GROKKED, recomputed from the rows
+    accs = [(r["epoch"], r["test_acc"]) for r in run.metrics]
+    assert o["first_grokked_epoch"] == next((e for e, a in accs if a >= GROKKED), None)
+    assert o["anti_grokked_epoch"] is None or (
+        o["first_grokked_epoch"] is not None and o["anti_grokked_epoch"] > o["first_grokked_epoch"]
+    )
+    assert o["epochs"] == S["epochs"] and len(t) == len(schedule)
+summary = pd.DataFrame(table)
+assert len(summary) == len(ARMS) * len(S["seeds"])  # one row per arm and seed
+display(summary)
+
+# %% [markdown]
+# ## 6. One ESD and its MP fit, and the trap-replacement JSD ablation
+#
+# The histogram is the spectrum of the *shuffled* matrix, here `W_in` of the float64 weight-decay-0
+# run at its last checkpoint. The curve is the MP density with the σ fitted to the bulk. The
+# dotted line is the bulk edge λ₊, and the dashed red line is the trap threshold (λ₊ plus the
+# Tracy–Widom allowance). Eigenvalues to the right of the red line are traps.
+
+# %%
+model0 = runs[key0].model()
+name = "blocks.0.mlp.W_in"
+W = extract_matrices(model0).matrices[name]
+row = detect_traps(W, name)
+fig = esd_figure(W, f"{name}, {arm_name(*key0[:2])}, step {schedule[-1]}")
+last0 = traps[key0][traps[key0].epoch == schedule[-1]].set_index("matrix")
+assert len(fig.data[0].x) == min(W.shape)  # one eigenvalue per column of the (N >= M) shuffled matrix
+assert row.n_traps == last0.n_traps[name] and row.threshold > row.lambda_plus > 0  # the scan's count for this checkpoint
+assert row.n_traps == int((torch.tensor(fig.data[0].x) > row.threshold).sum())  # the histogram shows what was counted
+print(
+    f"{name}: N={row.N}, M={row.M}, σ={row.sigma:.4g}, λ₊={row.lambda_plus:.4g}, threshold={row.threshold:.4g}, "
+    f"largest eigenvalue {row.lambda_max:.4g}, traps {row.n_traps}"
+)
 fig.show()
 
 # %% [markdown]
-# ## 3. Keep training with weight decay 0 (and, for comparison, 0.01)
-#
-# Anti-grokking is reported after long training *without* weight decay. `with_init(config, run)`
-# (on the command line: `lenslab train --init-from RUN`) makes a new run that starts from the
-# run's last checkpoint instead of a fresh init, with a fresh optimizer. Here it keeps the lr,
-# betas and full batch of the grokking run and changes only the weight decay. A fresh AdamW has
-# no moment estimates yet, so its first steps are large: a dip right after the switch can come
-# from that rather than from overfitting. Every `record_every` epochs the run evaluates and keeps a
-# checkpoint, and `trap_counts_over_run` counts the traps of each matrix in each checkpoint (the
-# same analysis as above). The new run's epoch 0 is the grokked model; we shift its epochs by
-# the grokking run's length to draw one history.
+# Are traps harmful or benign? For each trap, `trap_jsd` takes its rank-1 component in the
+# shuffled matrix and maps it back through the inverse permutation. It then subtracts that
+# component from W, adds Gaussian noise matched to the component's mean and std, and measures how
+# far the output distribution moves: J is the mean Jensen–Shannon divergence between the softmax
+# outputs on random token sequences (in nats, at most ln 2). The **null** repeats the same recipe
+# with a random rank-1 component of the same size. A trap is called harmful when J exceeds the
+# null's 95th percentile. With `split=`, it also reports the test accuracy after the replacement.
+# First, the traps the float64 weight-decay-0 run actually has at its last checkpoint, if any:
 
 # %%
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the continuation's device; the analysis runs on the CPU
+test_split = (runs[key0].splits["test_tokens"], runs[key0].splits["test_labels"])
 
 
 def accuracy(model, tokens, labels):
-    return float((readout_logits(model, tokens.to(model.cfg.device)).argmax(-1).cpu() == labels).double().mean())
-
-
-def weight_norm(model):
-    return float(sum((w.double() ** 2).sum() for w in extract_matrices(model).matrices.values()).sqrt())
-
-
-def continue_training(weight_decay):
-    n_records = S["continue_epochs"] // S["record_every"]
-    cfg = modadd_run_config(p=S["p"], train_frac=S["train_frac"], lr=S["lr"], weight_decay=weight_decay, epochs=S["continue_epochs"],
-                            eval_every=S["record_every"], ckpt_density=n_records + 1, seed=0)  # a checkpoint at every record
-    out = RUNS / f"continue_wd{weight_decay:g}"
-    train(with_init(cfg, grok.path), out, resume=(out / "config.json").is_file(), progress=False, device=DEVICE)
-    run = Run.open(out)
-    shift = S["grok_epochs"]
-    norms = {e: weight_norm(model) for e, model in run.iter_models()}
-    metrics = [{"epoch": shift + r["epoch"], "train_acc": r["train_acc"], "test_acc": r["test_acc"], "weight_norm": norms[r["epoch"]]}
-               for r in run.metrics]
-    traps = [{**r, "epoch": shift + r["epoch"]} for r in trap_counts_over_run(out).to_records()]
-    return run.model(), metrics, traps
-
-
-t0 = time.time()
-cont = {}
-for wd in WEIGHT_DECAYS:
-    cont[wd] = continue_training(wd)
-    print(f"weight decay {wd}: {S['continue_epochs']} more epochs in {time.time() - t0:.0f} s")
-
-n_records = S["continue_epochs"] // S["record_every"] + 1
-for wd, (model_wd, metrics_wd, traps_wd) in cont.items():
-    assert len(metrics_wd) == n_records and len(traps_wd) == n_records * len(MATRICES)
-    assert math.isclose(metrics_wd[0]["test_acc"], accuracy(grok.model(), grok.splits["test_tokens"], grok.splits["test_labels"]), abs_tol=1e-6)
-    assert math.isclose(metrics_wd[0]["test_acc"], m[-1]["test_acc"], abs_tol=1e-6)  # picks up where the run ended
-    assert all(isinstance(t["n_traps"], int) and t["n_traps"] >= 0 and t["error"] is None for t in traps_wd)
-
-# %% [markdown]
-# The whole history at weight decay 0: the grokking run, then the continuation (after the dashed
-# line). The paper's anti-grokking would show as test accuracy falling while traps appear.
-
-# %%
-model0, metrics0, traps0 = cont[0.0]
-def after(rows):  # the continuation's first record is the run's last one: drop it
-    return [r for r in rows if r["epoch"] > S["grok_epochs"]]
-
-
-fig = trap_count_figure(rows_grok.to_records() + after(traps0), grok.metrics + after(metrics0),
-                        title=f"p = {S['p']}: grokking (wd 1.0), then weight decay 0")
-fig.add_vline(x=S["grok_epochs"], line_dash="dash")
-assert len(fig.data) == 2 + 2 * len(MATRICES)
-fig.show()
-display(pd.DataFrame(traps0).pivot(index="epoch", columns="matrix", values="n_traps")[MATRICES])
-print(f"test accuracy at weight decay 0: {metrics0[0]['test_acc']:.3f} -> {metrics0[-1]['test_acc']:.3f} "
-      f"(min {min(r['test_acc'] for r in metrics0):.3f}); traps at the end: {sum(t['n_traps'] for t in traps0 if t['epoch'] == metrics0[-1]['epoch'])}")
-
-# %% [markdown]
-# ## 4. One ESD and its MP fit
-#
-# The histogram is the spectrum of the *shuffled* matrix. The curve is the MP density with the
-# σ fitted to the bulk, the dotted line is the bulk edge λ₊, and the dashed red line is the trap
-# threshold (λ₊ plus the Tracy–Widom allowance). We show the matrix with the most traps at the
-# end of the weight-decay-0 continuation (`W_in` when none has any).
-
-# %%
-last = metrics0[-1]["epoch"]
-final_counts = {t["matrix"]: t["n_traps"] for t in traps0 if t["epoch"] == last}
-name = max(MATRICES, key=lambda k: (final_counts[k], k == "blocks.0.mlp.W_in"))
-W = extract_matrices(model0).matrices[name]
-row = detect_traps(W, name)
-fig = esd_figure(W, name)
-assert len(fig.data[0].x) == min(W.shape)  # one eigenvalue per column of the (N ≥ M) shuffled matrix
-assert row.n_traps == final_counts[name] and row.threshold > row.lambda_plus > 0
-assert row.n_traps == int((torch.tensor(fig.data[0].x) > row.threshold).sum())  # the histogram shows what was counted
-print(f"{name}: N={row.N}, M={row.M}, σ={row.sigma:.4g}, λ₊={row.lambda_plus:.4g}, threshold={row.threshold:.4g}, "
-      f"largest eigenvalue {row.lambda_max:.4g}, traps {row.n_traps}")
-fig.show()
-
-# %% [markdown]
-# ## 5. Trap-replacement JSD ablation
-#
-# Are the traps harmful or benign? For each trap, `trap_jsd` takes its rank-1 component in the
-# shuffled matrix and maps it back through the inverse permutation. It subtracts that component
-# from W, adds Gaussian noise matched to the component's mean and std, and measures how far the
-# output distribution moves: J = mean Jensen–Shannon divergence between the softmax outputs on
-# random token sequences (in nats, at most ln 2). The **null** repeats the same recipe with a
-# random rank-1 component of the same size. A trap is called harmful when J exceeds the null's
-# 95th percentile. With `split=` it also reports the test accuracy after the replacement.
-
-# %%
-test_split = (grok.splits["test_tokens"], grok.splits["test_labels"])
-base_acc = accuracy(model0, *test_split)
-jsd_found = trap_jsd(model0, split=test_split, n_null=20)
-print(f"traps found in the weight-decay-0 model: {len(jsd_found)}")
+    with torch.no_grad():
+        return float((readout_logits(model, tokens).argmax(-1) == labels).double().mean())
 
 
 def check_jsd(rows, model):
@@ -263,86 +493,83 @@ def check_jsd(rows, model):
         assert math.isclose(r.accuracy - acc, r.accuracy_change, abs_tol=1e-9)
 
 
+base_acc = accuracy(model0, *test_split)
+assert math.isclose(base_acc, runs[key0].metrics[-1]["test_acc"], abs_tol=1e-6)
+jsd_found = trap_jsd(model0, split=test_split, n_null=20)
 check_jsd(jsd_found, model0)
+assert len(jsd_found) == int(last0.n_traps.sum())  # one ablation row per trap the scan counted
+print(f"traps in the {arm_name(*key0[:2])} model at step {schedule[-1]}: {len(jsd_found)}")
 if jsd_found:
     display(pd.DataFrame([r.to_record() for r in jsd_found]))
 
 # %% [markdown]
-# Traps in a model trained this briefly are few and sit just above the threshold (or are absent,
-# and then there is nothing to ablate). For a reference case, we plant traps in a **copy** of the
-# model: three
-# entries of `W_in` set to 30, −25 and 20 times its entry std. A few huge entries are exactly
-# the localized structure that shuffling cannot destroy. We then run the same ablation on that
-# matrix. These traps are artificial, and the numbers below describe them, not anything the
-# training produced.
+# A model trained this briefly may have no traps at all, and then there is nothing to ablate.
+# As a reference case, we plant traps in a **copy** of that model: three entries of `W_in` set to
+# 30, −25 and 20 times its entry std. A few huge entries are exactly the localized structure that
+# shuffling cannot destroy. We then run the same ablation on that matrix. These traps are
+# artificial. The numbers below describe them, not anything the training produced.
 
 # %%
 planted = copy.deepcopy(model0)
 with torch.no_grad():
     w_in = planted.blocks[0].mlp.W_in
     std = float(w_in.std())
-    w_in.view(-1)[torch.tensor([11, 5_000, 40_000])] = torch.tensor([30.0, -25.0, 20.0]) * std
-planted_row = detect_traps(extract_matrices(planted).matrices["blocks.0.mlp.W_in"], "blocks.0.mlp.W_in")
-jsd_planted = trap_jsd(planted, split=test_split, n_null=20, matrices=["blocks.0.mlp.W_in"])
+    w_in.view(-1)[torch.tensor([11, 5_000, 40_000])] = torch.tensor([30.0, -25.0, 20.0], dtype=w_in.dtype) * std
+planted_row = detect_traps(extract_matrices(planted).matrices[name], name)
+jsd_planted = trap_jsd(planted, split=test_split, n_null=20, matrices=[name])
 check_jsd(jsd_planted, planted)
 assert len(jsd_planted) == planted_row.n_traps >= 1
 display(pd.DataFrame([r.to_record() for r in jsd_planted]))
 print(f"test accuracy with the planted entries: {accuracy(planted, *test_split):.3f} (unplanted {base_acc:.3f})")
-fig = esd_figure(extract_matrices(planted).matrices["blocks.0.mlp.W_in"], "blocks.0.mlp.W_in with 3 planted entries")
+fig = esd_figure(extract_matrices(planted).matrices[name], f"{name} with 3 planted entries")
 assert int((torch.tensor(fig.data[0].x) > planted_row.threshold).sum()) == planted_row.n_traps
 fig.show()
 
 # %% [markdown]
-# ## 6. Weight decay 0 against 0.01
+# ## What this run can show, and what it cannot
 #
-# The paper reports that weight decay 0.01 suppresses trap growth. The table compares the two
-# continuations at their last record. The weight norm is shown because the paper's controls
-# say trap counts are not a proxy for it.
-
-# %%
-compare = []
-for wd, (model_wd, metrics_wd, traps_wd) in cont.items():
-    end = [t for t in traps_wd if t["epoch"] == metrics_wd[-1]["epoch"]]
-    compare.append({"weight decay": wd, "epochs after grokking": S["continue_epochs"], "final train acc": metrics_wd[-1]["train_acc"],
-                    "final test acc": metrics_wd[-1]["test_acc"], "min test acc": min(r["test_acc"] for r in metrics_wd),
-                    "traps (all matrices)": sum(t["n_traps"] for t in end), "max traps in one matrix": max(t["n_traps"] for t in end),
-                    "weight norm start": metrics_wd[0]["weight_norm"], "weight norm end": metrics_wd[-1]["weight_norm"]})
-    assert len(end) == len(MATRICES)
-display(pd.DataFrame(compare))
-assert compare[0]["weight norm start"] == compare[1]["weight norm start"]  # both start from the same grokked weights
-
-fig = visual.lines([{"epoch": r["epoch"], f"test_acc wd={wd}": r["test_acc"]} for wd, (_, mw, _) in cont.items() for r in mw],
-                   "epoch", [f"test_acc wd={wd}" for wd in WEIGHT_DECAYS], "test accuracy after grokking", "accuracy")
-assert [len(t.x) for t in fig.data] == [n_records] * len(WEIGHT_DECAYS)
-fig.show()
-
-# %% [markdown]
-# ## What this run showed, and what it did not
+# **It can show:**
 #
-# - It showed the pipeline: a model that memorises and then groks, trap counts per matrix at
-#   every checkpoint next to the accuracies, an ESD with its MP fit and threshold, and the JSD
-#   ablation with its null. The assertions in each cell check the shapes, ranges and definitions
-#   behind what is shown.
-# - Which matrices have traps, from which epoch, and how the test accuracy moves are printed
-#   above for this run. A few hundred epochs without weight decay is far from the paper's
-#   anti-grokking regime, so these numbers do not test its claims. A trap in the grokked model
-#   would, taken at face value, disagree with the paper's "0 traps at grokking". At this size
-#   (p = 31, one seed, one shuffle per matrix) it is one observation, not a contradiction. The
-#   planted traps in section 5 are a reference for the ablation, not a property of trained
-#   models.
-# - The paper's numbers for modular addition (p = 113): train/test accuracy 1.0/0.40 before
-#   grokking, 1.0/0.97 grokked, and 1.0/0.68 anti-grokked, with traps per matrix in the
-#   anti-grokked model of embed 7, W_Q 3, W_K 5, W_V 3, W_O 4, MLP-in 5, MLP-out 7 and unembed 5,
-#   and 0 in every matrix before.
+# - the protocol as a pipeline: fixed weight decay from step 0, float64, full batch, one
+#   stacked ensemble for the arms, and log-spaced evaluations and checkpoints. Each cell's
+#   assertions check the schedule, the splits, the definitions of the collapse numbers
+#   (recomputed from the saved model) and the shapes of the trap and α tables;
+# - whether the weight-decay-1 control grokked, and when. Quick mode's knobs were chosen so that
+#   it can, within these steps, on this CPU. The table in section 5 says whether it did in this run;
+# - softmax collapse. Section 3 gives, for float32 and float64 at weight decay 0, the share of
+#   train examples whose loss is exactly 0. Where float32's share is large, that run has mostly
+#   stopped learning, whatever its test accuracy;
+# - how α and the trap counts move over training, arm by arm, on a log time axis.
 #
-# Full mode (`LENSLAB_TUTORIAL_MODE=full`) uses p = 113 with 30 % of the pairs, 25,000 epochs of
-# grokking and then 200,000 epochs at weight decay 0. The paper does not say how long its
-# anti-grokking run was, so that length is a guess. At about 150 ms per epoch on 2 CPU cores,
-# this is more than 8 hours; on a GPU it is much shorter. The same analysis from the shell:
+# **It cannot show:**
+#
+# - **anti-grokking.** Its horizon is 700 steps, and the paper's collapse comes long after
+#   grokking. On this CPU, the p = 31 probe with a 0.3 train fraction (`REPRODUCTION.md`, item 6b)
+#   did not even grok in 18,685 steps. A test accuracy that stays flat or dips here is not
+#   evidence either way. Item 6c will report the running p = 31 probe at a 0.6 train fraction;
+# - **whether α < 2 and traps herald the collapse.** Without a collapse, there is nothing for
+#   them to come before. Two caveats apply to the α column in particular. First, p = 23 makes
+#   `embed.W_E` and `unembed.W_U` matrices with only 23–24 rows or columns, so their spectra have
+#   few eigenvalues and their power-law fits are rough. Second, a small α in a model that never
+#   anti-grokked (the control, say) does not contradict the paper by itself. The paper's claim is
+#   about α crossing 2 in the run that later collapses;
+# - anything about p = 113 with a 30 % train fraction. Quick mode's 80 % split also lets a
+#   memorizing model score up to the "mirror share" on the test split (section 1) without
+#   learning the rule.
+#
+# The paper's numbers for modular addition (p = 113): train/test accuracy 1.0/0.40 before
+# grokking, 1.0/0.97 grokked, and 1.0/0.68 anti-grokked. The anti-grokked model had these traps
+# per matrix: embed 7, W_Q 3, W_K 5, W_V 3, W_O 4, MLP-in 5, MLP-out 7 and unembed 5, with 0 in
+# every matrix before.
+#
+# Full mode (`LENSLAB_TUTORIAL_MODE=full`) is the paper's set-up: p = 113, 30 % train, lr 1e-3,
+# float64, weight decay 0 / 0.01 / 1 (and float32 at 0), seeds 0 and 1, 10⁵ steps with 200
+# log-spaced evaluations and checkpoints. It takes hours on a CPU (float64 is much slower than
+# float32 there). We have not run it. The same runs from the shell:
 #
 # ```bash
-# lenslab train --task modadd --p 113 --train-frac 0.3 --epochs 25000 --out runs/ma113
-# lenslab traps runs/ma113 --mode robust          # traps per matrix at every checkpoint
-# lenslab traps runs/ma113/checkpoints/25000.safetensors --jsd   # plus the JSD ablation
-# lenslab traps runs/ma113 --mode weightwatcher   # WeightWatcher 0.7.7's rules, for comparison
+# lenslab train --task modadd --p 113 --train-frac 0.3 --weight-decay 0 --dtype float64 \
+#     --epochs 100000 --eval-schedule log --n-evals 200 --seed 0 --out runs/ma113-wd0
+# lenslab traps runs/ma113-wd0 --mode robust        # traps and alpha per matrix at every checkpoint
+# python reproduction/antigrok.py report ROOT OUT   # the table and figure above, for a whole probe
 # ```

@@ -61,7 +61,14 @@ PAPER1_TARGET_EPOCHS = 15_000
 PAPER1_EVAL_EVERY = 50  # every 5 (the CPU default) would spend most of a GPU minute in per-member evaluations
 PAPER1_ENSEMBLE = 32  # one stack per architecture: 2 ratios x 16 seeds
 PAPER1_WORKERS = 4  # the four architectures' stacks step at once in four processes (launch-bound work)
-PAPER2 = {"p": 113, "train_frac": 0.3, "weight_decays": [0.0, 0.01], "dtype": "float64", "n_evals": 40, "target_steps": 10_000_000}
+PAPER2 = {
+    "p": 113,
+    "train_frac": 0.3,
+    "weight_decays": [0.0, 0.01],
+    "dtype": "float64",
+    "n_evals": 40,
+    "target_steps": 10_000_000,
+}
 SPEED_E = (64, 256, 1024)
 SPEED_BATCH, SPEED_N_TRAIN = 512, 16_384  # the paper's batch and train split: 32 steps per epoch
 PRECISIONS = ("fp32", "tf32", "bf16")
@@ -88,12 +95,27 @@ SHARE = {"c": 0.55, "d": 0.45}
 FINAL_RESERVE_S = 10.0  # writing run.json and the closing table
 PARTS = ("a", "b", "c", "d")
 # every file this script may write into OUT (the device returns at most 8, named in letters, digits, '.', '_', '-')
-OUT_FILES = ("run.json", "log.txt", "paper1_results.csv", "paper1_results.json", "paper1_results.html", "paper2.json",
-             "paper2.html", "paper2_runs.tar")
+OUT_FILES = (
+    "run.json",
+    "log.txt",
+    "paper1_results.csv",
+    "paper1_results.json",
+    "paper1_results.html",
+    "paper2.json",
+    "paper2.html",
+    "paper2_runs.tar",
+)
 TINY = {  # --tiny: a CPU dry run of every code path in seconds (tests/gpu)
-    "E": (2, 4), "batch": 32, "n_train": 256, "check_E": 2, "check_batch": 16,
-    "paper1": {"layers": [1], "heads": [1], "ratios": [0.9], "seeds": [0, 1]}, "paper1_sizes": {"n_train": 256, "n_val": 64, "n_adv": 64, "batch_size": 64},
-    "paper1_eval_every": 2, "paper1_target": 8, "paper2": {"p": 7, "train_frac": 0.5, "n_evals": 5, "target_steps": 60, "cal_steps": 30},
+    "E": (2, 4),
+    "batch": 32,
+    "n_train": 256,
+    "check_E": 2,
+    "check_batch": 16,
+    "paper1": {"layers": [1], "heads": [1], "ratios": [0.9], "seeds": [0, 1]},
+    "paper1_sizes": {"n_train": 256, "n_val": 64, "n_adv": 64, "batch_size": 64},
+    "paper1_eval_every": 2,
+    "paper1_target": 8,
+    "paper2": {"p": 7, "train_frac": 0.5, "n_evals": 5, "target_steps": 60, "cal_steps": 30},
 }
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DISAGREE = 0, 1, 2, 3
 
@@ -213,7 +235,9 @@ def check_out_folder(out: str | Path) -> Path:
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
-        raise BadInput(f"output folder {folder} is not writable ({e.strerror or e}): give a folder you can write, e.g. \"$OUT\"") from None
+        raise BadInput(
+            f'output folder {folder} is not writable ({e.strerror or e}): give a folder you can write, e.g. "$OUT"'
+        ) from None
     return folder
 
 
@@ -269,12 +293,22 @@ def environment(device) -> dict:
 
     import torch
 
-    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda, "device": str(device),
-           "host_cpus": os.cpu_count(), "platform": platform.platform()}
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": str(device),
+        "host_cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
-        env.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), sm_count=p.multi_processor_count,
-                   capability=f"{p.major}.{p.minor}")
+        env.update(
+            gpu=p.name,
+            gpu_memory_gib=round(p.total_memory / 2**30, 1),
+            sm_count=p.multi_processor_count,
+            capability=f"{p.major}.{p.minor}",
+        )
     return env
 
 
@@ -320,7 +354,12 @@ def compare(out, ref) -> dict:
     worst = max(per, key=per.get)
     flat = torch.cat([grads[n].double().flatten() for n in rgrads])
     rflat = torch.cat([rgrads[n].double().flatten() for n in rgrads])
-    return {"logits": rel_err(logits, rlogits), "grads": per[worst], "grads_worst_param": worst, "grads_global": rel_err(flat, rflat)}
+    return {
+        "logits": rel_err(logits, rlogits),
+        "grads": per[worst],
+        "grads_worst_param": worst,
+        "grads_global": rel_err(flat, rflat),
+    }
 
 
 def passes(err: dict, prec: str) -> bool:
@@ -395,8 +434,14 @@ def part_a(ctx: Ctx, allow_s: float | None = None) -> dict:
     ens = StackedTransformer.from_models(models).to(ctx.device)
     tokens, labels = random_batch(mk, E, B, ctx.device, seed=1)
     ref = ht_outputs([to_float64(m) for m in models], tokens, labels)
-    result = {"members": E, "batch": B, "model": {k: mk[k] for k in ("n_layers", "n_heads", "d_model", "d_mlp", "n_ctx")},
-              "reference": "float64 HookedTransformer, same weights and batch", "tolerance": TOL, "settings": {}}
+    result = {
+        "members": E,
+        "batch": B,
+        "model": {k: mk[k] for k in ("n_layers", "n_heads", "d_model", "d_mlp", "n_ctx")},
+        "reference": "float64 HookedTransformer, same weights and batch",
+        "tolerance": TOL,
+        "settings": {},
+    }
     if ctx.device.type == "cpu":
         result["note"] = "on the CPU TF32 does not exist: the tf32 row computes in plain fp32"
     for prec in PRECISIONS:
@@ -405,8 +450,10 @@ def part_a(ctx: Ctx, allow_s: float | None = None) -> dict:
             e_ht = compare(ht_outputs(models, tokens, labels), ref)
         ok = passes(e_stack, prec)
         result["settings"][prec] = {"stacked": e_stack, "hooked_transformer": e_ht, "pass": ok}
-        ctx.out.log(f"a: {prec:5s} stacked logits {e_stack['logits']:.1e} grads {e_stack['grads']:.1e} ({e_stack['grads_worst_param']}); "
-                    f"HookedTransformer {e_ht['logits']:.1e} / {e_ht['grads']:.1e}  {'ok' if ok else 'OUTSIDE TOLERANCE'}")
+        ctx.out.log(
+            f"a: {prec:5s} stacked logits {e_stack['logits']:.1e} grads {e_stack['grads']:.1e} ({e_stack['grads_worst_param']}); "
+            f"HookedTransformer {e_ht['logits']:.1e} / {e_ht['grads']:.1e}  {'ok' if ok else 'OUTSIDE TOLERANCE'}"
+        )
     result["deterministic_mode"] = deterministic_smoke(ens, models[0], tokens, labels)
     ctx.out.log(f"a: one training step of each engine under torch.use_deterministic_algorithms: {result['deterministic_mode']}")
     result["pass"] = all(result["settings"][p]["pass"] for p in STOP_ON)
@@ -414,9 +461,11 @@ def part_a(ctx: Ctx, allow_s: float | None = None) -> dict:
     if not result["pass"]:
         bad = [p for p in STOP_ON if not result["settings"][p]["pass"]]
         s = result["settings"][bad[0]]["stacked"]
-        result["stop"] = (f"the stacked ensemble disagrees with HookedTransformer in {bad[0]}: logits {s['logits']:.2e} "
-                          f"(tolerance {TOL[bad[0]]['logits']:g}), grads {s['grads']:.2e} on {s['grads_worst_param']} "
-                          f"(tolerance {TOL[bad[0]]['grads']:g})")
+        result["stop"] = (
+            f"the stacked ensemble disagrees with HookedTransformer in {bad[0]}: logits {s['logits']:.2e} "
+            f"(tolerance {TOL[bad[0]]['logits']:g}), grads {s['grads']:.2e} on {s['grads_worst_param']} "
+            f"(tolerance {TOL[bad[0]]['grads']:g})"
+        )
     return result
 
 
@@ -458,7 +507,9 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_steps(step, device, clock=time.perf_counter, warmup: int = 2, target_s: float = 1.0, min_steps: int = 3, max_steps: int = 400) -> dict:
+def time_steps(
+    step, device, clock=time.perf_counter, warmup: int = 2, target_s: float = 1.0, min_steps: int = 3, max_steps: int = 400
+) -> dict:
     """Median-free but honest: warm up, time one step, then time n steps chosen to take about ``target_s``."""
     for _ in range(warmup):
         step()
@@ -508,7 +559,11 @@ class GraphStep:
         def fwd_bwd():
             with precision(prec, device):
                 logits = ens(self.tokens)
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), self.labels.reshape(-1), reduction="none").view(E, -1).mean(1)
+            loss = (
+                F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), self.labels.reshape(-1), reduction="none")
+                .view(E, -1)
+                .mean(1)
+            )
             return (logits.detach(),) + tuple(torch.autograd.grad(loss.sum(), params))
 
         side = torch.cuda.Stream()
@@ -598,7 +653,7 @@ def estimate_item_s(item: SpeedItem, done: list[dict], compile_s: float | None) 
     """
     timing_s = 1.0
     build = [d for d in done if "build_s" in d]
-    build_s = (max(build[-1]["build_s"] * item.E / build[-1]["E"], build[-1]["build_s"]) if build else 5.0)
+    build_s = max(build[-1]["build_s"] * item.E / build[-1]["E"], build[-1]["build_s"]) if build else 5.0
     steps = [d for d in done if d.get("s_per_step") and d["E"] <= item.E]
     step_s = max(d["s_per_step"] * item.E / d["E"] for d in steps) if steps else 0.05
     est = build_s + timing_s + 8 * step_s
@@ -607,8 +662,9 @@ def estimate_item_s(item: SpeedItem, done: list[dict], compile_s: float | None) 
     return est
 
 
-def measure_item(ctx: Ctx, item: SpeedItem, row: dict, cache: dict, mk: dict, B: int, n: int, steps_per_epoch: int,
-                 measured: dict) -> str | None:
+def measure_item(
+    ctx: Ctx, item: SpeedItem, row: dict, cache: dict, mk: dict, B: int, n: int, steps_per_epoch: int, measured: dict
+) -> str | None:
     """Check and time one (E, precision, mode) into ``row``; returns why it was skipped, or None."""
     import torch
 
@@ -632,8 +688,16 @@ def measure_item(ctx: Ctx, item: SpeedItem, row: dict, cache: dict, mk: dict, B:
         ref = stack_outputs(ref64, ref64, ct, cl)
         del ref64
         sync(dev)
-        cache.update(E=item.E, ens=ens, tokens=tokens, labels=labels, perm=perm, ref=ref, check=(ct, cl),
-                     init=[p.detach().clone() for p in ens.params])
+        cache.update(
+            E=item.E,
+            ens=ens,
+            tokens=tokens,
+            labels=labels,
+            perm=perm,
+            ref=ref,
+            check=(ct, cl),
+            init=[p.detach().clone() for p in ens.params],
+        )
         row["build_s"] = time.perf_counter() - t
     ens, tokens, labels, perm = cache["ens"], cache["tokens"], cache["labels"], cache["perm"]
     with torch.no_grad():  # every item starts from the same weights
@@ -685,8 +749,10 @@ def measure_item(ctx: Ctx, item: SpeedItem, row: dict, cache: dict, mk: dict, B:
     _rates(row, ens, B, steps_per_epoch, measured)
     if item.mode == "eager" and (item.prec == "fp32" or ctx.tiny):
         row["breakdown"] = breakdown(ens, fwd, tokens, labels, next_idx, item.prec, dev, row["s_per_step"])
-    ctx.out.log(f"b: E={item.E:5d} {item.prec:5s} {item.mode:8s} {row['seed_epochs_per_s']:9.1f} seed-epochs/s "
-                f"{row['tflops']:7.2f} TFLOP/s ({100 * row['fraction_of_peak']:.2f}% of peak)  check {'ok' if row['pass'] else 'FAILED'}")
+    ctx.out.log(
+        f"b: E={item.E:5d} {item.prec:5s} {item.mode:8s} {row['seed_epochs_per_s']:9.1f} seed-epochs/s "
+        f"{row['tflops']:7.2f} TFLOP/s ({100 * row['fraction_of_peak']:.2f}% of peak)  check {'ok' if row['pass'] else 'FAILED'}"
+    )
     return None
 
 
@@ -696,9 +762,17 @@ def part_b(ctx: Ctx, allow_s: float) -> dict:
     B, n = (TINY["batch"], TINY["n_train"]) if ctx.tiny else (SPEED_BATCH, SPEED_N_TRAIN)
     steps_per_epoch = math.ceil(n / B)
     mk = paper1_model_kwargs()
-    result = {"model": {k: mk[k] for k in ("n_layers", "n_heads", "d_model", "d_mlp", "n_ctx", "d_vocab")}, "batch": B, "n_train": n,
-              "steps_per_epoch": steps_per_epoch, "peak_tflops": PEAK_TFLOPS, "peak_source": PEAK_SOURCE, "tolerance": TOL,
-              "rows": [], "not_run": []}
+    result = {
+        "model": {k: mk[k] for k in ("n_layers", "n_heads", "d_model", "d_mlp", "n_ctx", "d_vocab")},
+        "batch": B,
+        "n_train": n,
+        "steps_per_epoch": steps_per_epoch,
+        "peak_tflops": PEAK_TFLOPS,
+        "peak_source": PEAK_SOURCE,
+        "tolerance": TOL,
+        "rows": [],
+        "not_run": [],
+    }
     result["measured_matmul_tflops"] = matmul_tflops(ctx.device)
     if result["measured_matmul_tflops"]:
         ctx.out.log("b: 8192^3 matmul TFLOP/s " + ", ".join(f"{k} {v:.0f}" for k, v in result["measured_matmul_tflops"].items()))
@@ -735,8 +809,10 @@ def part_b(ctx: Ctx, allow_s: float) -> dict:
         result["meets_target"] = best["seed_epochs_per_s"] >= TARGET_SEED_EPOCHS_S
         result["paper1_grid_minutes_at_best"] = 2 * 2 * 2 * 15 * 15_000 / best["seed_epochs_per_s"] / 60
         result["where_time_goes"] = where_time_goes(result["rows"])
-        ctx.out.log(f"b: fastest passing: E={best['E']} {best['prec']} {best['mode']}: {best['seed_epochs_per_s']:.0f} seed-epochs/s "
-                    f"(target {TARGET_SEED_EPOCHS_S:.0f}: {'met' if result['meets_target'] else 'not met'})")
+        ctx.out.log(
+            f"b: fastest passing: E={best['E']} {best['prec']} {best['mode']}: {best['seed_epochs_per_s']:.0f} seed-epochs/s "
+            f"(target {TARGET_SEED_EPOCHS_S:.0f}: {'met' if result['meets_target'] else 'not met'})"
+        )
     return result
 
 
@@ -776,14 +852,23 @@ def breakdown(ens, fwd, tokens, labels, next_idx, prec: str, device, s_step: flo
     def f_b():
         bt, bl = batch()
         logits = fwd(bt)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), bl.reshape(-1), reduction="none").view(bt.shape[0], -1).mean(1)
+        loss = (
+            F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), bl.reshape(-1), reduction="none")
+            .view(bt.shape[0], -1)
+            .mean(1)
+        )
         torch.autograd.grad(loss.sum(), list(ens.params))
 
     with precision(prec, device):
         tf = time_steps(f_only, device, warmup=1, target_s=0.3 if device.type == "cuda" else 0.03)["s_per_step"]
         tfb = time_steps(f_b, device, warmup=1, target_s=0.3 if device.type == "cuda" else 0.03)["s_per_step"]
-    return {"forward_s": tf, "backward_s": max(tfb - tf, 0.0), "optimizer_s": max(s_step - tfb, 0.0), "step_s": s_step,
-            "optimizer_share": max(s_step - tfb, 0.0) / s_step}
+    return {
+        "forward_s": tf,
+        "backward_s": max(tfb - tf, 0.0),
+        "optimizer_s": max(s_step - tfb, 0.0),
+        "step_s": s_step,
+        "optimizer_share": max(s_step - tfb, 0.0) / s_step,
+    }
 
 
 def where_time_goes(rows: list[dict]) -> dict:
@@ -792,7 +877,10 @@ def where_time_goes(rows: list[dict]) -> dict:
     for r in rows:
         if r.get("breakdown") and r["mode"] == "eager":
             entry = dict(r["breakdown"])
-            g = next((x for x in rows if x["E"] == r["E"] and x["prec"] == r["prec"] and x["mode"] == "graph" and x.get("s_per_step")), None)
+            g = next(
+                (x for x in rows if x["E"] == r["E"] and x["prec"] == r["prec"] and x["mode"] == "graph" and x.get("s_per_step")),
+                None,
+            )
             if g is not None:
                 fb = entry["forward_s"] + entry["backward_s"]
                 entry["launch_overhead_s"] = max(fb - (g["s_per_step"] - entry["optimizer_s"]), 0.0)
@@ -817,6 +905,7 @@ def sweep_progress(root: Path) -> int:
 
 
 def part_c(ctx: Ctx, allow_s: float) -> dict:
+    from lenslab.sweep_figures import write_sweep_figure
     from lenslab.training.sweep import plan_sweep, run_sweep, summarize_sweep
 
     budget = ctx.budget.sub(allow_s)
@@ -828,8 +917,16 @@ def part_c(ctx: Ctx, allow_s: float) -> dict:
     workers = 1 if ctx.tiny else PAPER1_WORKERS
     n_members = len(grid["layers"]) * len(grid["heads"]) * len(grid["ratios"]) * len(grid["seeds"])
     summary_s = 5.0 + 0.3 * n_members  # summarize_sweep opens every run (outcomes) and writes the figure
-    result = {"regime": PAPER1_REGIME, "grid": grid, "eval_every": ev, "target_epochs": target, "workers": workers,
-              "ensemble_size": PAPER1_ENSEMBLE, "members": n_members, "calls": []}
+    result = {
+        "regime": PAPER1_REGIME,
+        "grid": grid,
+        "eval_every": ev,
+        "target_epochs": target,
+        "workers": workers,
+        "ensemble_size": PAPER1_ENSEMBLE,
+        "members": n_members,
+        "calls": [],
+    }
 
     def run_to(epochs: int) -> float:
         plan = plan_sweep(root, **grid, **PAPER1_REGIME, **sizes, epochs=epochs, eval_every=ev, ensemble_size=PAPER1_ENSEMBLE)
@@ -865,6 +962,7 @@ def part_c(ctx: Ctx, allow_s: float) -> dict:
         result["member_epochs_per_s_with_evals"] = n_members * (cur - start) / train_s
     t = ctx.clock()
     rows = summarize_sweep(root)
+    write_sweep_figure(root, rows)
     result["summarize_s"] = round(ctx.clock() - t, 2)
     result["cells"] = rows
     for name in ("results.csv", "results.json", "results.html"):
@@ -880,8 +978,16 @@ def paper2_config(weight_decay: float, steps: int, tiny: bool, n_evals: int | No
     from lenslab.training.config import modadd_run_config
 
     p2 = {**PAPER2, **TINY["paper2"]} if tiny else PAPER2
-    return modadd_run_config(p=p2["p"], train_frac=p2["train_frac"], weight_decay=weight_decay, epochs=steps, batch_size=None,
-                             dtype=PAPER2["dtype"], eval_schedule="log", n_evals=n_evals or p2["n_evals"])
+    return modadd_run_config(
+        p=p2["p"],
+        train_frac=p2["train_frac"],
+        weight_decay=weight_decay,
+        epochs=steps,
+        batch_size=None,
+        dtype=PAPER2["dtype"],
+        eval_schedule="log",
+        n_evals=n_evals or p2["n_evals"],
+    )
 
 
 def train_members(configs: list[dict], outs: list[Path], device, on_eval) -> str:
@@ -935,8 +1041,15 @@ def part_d(ctx: Ctx, allow_s: float) -> dict:
     budget = ctx.budget.sub(allow_s)
     p2 = {**PAPER2, **TINY["paper2"]} if ctx.tiny else {**PAPER2, "cal_steps": 400}
     wds = PAPER2["weight_decays"]
-    result = {"p": p2["p"], "train_frac": p2["train_frac"], "dtype": PAPER2["dtype"], "weight_decays": wds, "batch": "full",
-              "n_evals": p2["n_evals"], "target_steps": p2["target_steps"]}
+    result = {
+        "p": p2["p"],
+        "train_frac": p2["train_frac"],
+        "dtype": PAPER2["dtype"],
+        "weight_decays": wds,
+        "batch": "full",
+        "n_evals": p2["n_evals"],
+        "target_steps": p2["target_steps"],
+    }
     trap_workers = max(1, min(8, (os.cpu_count() or 2) - 1))
 
     # calibration: a short run with many evaluations gives seconds per step and per evaluation
@@ -944,8 +1057,12 @@ def part_d(ctx: Ctx, allow_s: float) -> dict:
     shutil.rmtree(cal, ignore_errors=True)
     stamps: dict[int, float] = {}
     t0 = time.perf_counter()
-    engine = train_members([paper2_config(wd, p2["cal_steps"], ctx.tiny, n_evals=12) for wd in wds], [cal / f"wd{wd:g}" for wd in wds],
-                           ctx.device, lambda e, row: stamps.__setitem__(row["epoch"], time.perf_counter()))
+    engine = train_members(
+        [paper2_config(wd, p2["cal_steps"], ctx.tiny, n_evals=12) for wd in wds],
+        [cal / f"wd{wd:g}" for wd in wds],
+        ctx.device,
+        lambda e, row: stamps.__setitem__(row["epoch"], time.perf_counter()),
+    )
     cal_s = time.perf_counter() - t0
     a, b = fit_rate(list(stamps.items()))
     startup = max(min(stamps.values()) - t0, 0.0) if stamps else cal_s
@@ -953,8 +1070,16 @@ def part_d(ctx: Ctx, allow_s: float) -> dict:
     t = time.perf_counter()
     traps_two = traps_over_run(cal / f"wd{wds[0]:g}", 2, trap_workers)  # first and last checkpoint
     trap_s = (time.perf_counter() - t) / max(len({r["epoch"] for r in traps_two}), 1)
-    result["calibration"] = {"steps": p2["cal_steps"], "wall_s": cal_s, "s_per_step": a, "s_per_eval": b, "startup_s": startup,
-                             "engine": engine, "trap_s_per_checkpoint": trap_s, "alpha_reported": any("alpha" in r for r in traps_two)}
+    result["calibration"] = {
+        "steps": p2["cal_steps"],
+        "wall_s": cal_s,
+        "s_per_step": a,
+        "s_per_eval": b,
+        "startup_s": startup,
+        "engine": engine,
+        "trap_s_per_checkpoint": trap_s,
+        "alpha_reported": any("alpha" in r for r in traps_two),
+    }
     ctx.out.log(f"d: calibration ({engine}): {1 / a:.0f} steps/s, {b:.2f} s per evaluation, traps {trap_s:.2f} s per checkpoint")
 
     n_evals = p2["n_evals"]
@@ -963,14 +1088,18 @@ def part_d(ctx: Ctx, allow_s: float) -> dict:
     room = budget.remaining() - trap_reserve - pack_reserve - serial * (startup + n_evals * b)
     steps = min(p2["target_steps"], nice_floor(room / (a * serial))) if room > 0 else 0
     if steps < min(10 * n_evals, p2["target_steps"]):
-        result["skipped"] = f"budget: {budget.remaining():.0f} s left holds only {max(steps, 0)} steps after evaluations and traps"
+        result["skipped"] = (
+            f"budget: {budget.remaining():.0f} s left holds only {max(steps, 0)} steps after evaluations and traps"
+        )
         ctx.out.log(f"d: {result['skipped']}")
         return result
     result["steps"] = steps
     root = ctx.work / f"paper2_{steps}"
     shutil.rmtree(root, ignore_errors=True)
     outs = [root / f"wd{wd:g}" for wd in wds]
-    ctx.out.log(f"d: training {len(wds)} members for {steps:,} full-batch steps ({PAPER2['dtype']}, log-spaced evaluations: {n_evals})")
+    ctx.out.log(
+        f"d: training {len(wds)} members for {steps:,} full-batch steps ({PAPER2['dtype']}, log-spaced evaluations: {n_evals})"
+    )
     t = time.perf_counter()
     result["engine"] = train_members([paper2_config(wd, steps, ctx.tiny) for wd in wds], outs, ctx.device, lambda e, row: None)
     result["train_s"] = time.perf_counter() - t
@@ -983,10 +1112,20 @@ def part_d(ctx: Ctx, allow_s: float) -> dict:
         left = budget.remaining() - pack_reserve
         k = max(2, min(len(ckpts), int(left / max(trap_s * (len(wds) - i), 1e-3))))  # first and last at least
         traps = traps_over_run(out, k, trap_workers)
-        members.append({"weight_decay": wd, "summary": run.summary, "metrics": run.metrics, "checkpoints": ckpts,
-                        "checkpoint_dtype": _checkpoint_dtype(out, ckpts), "traps": traps})
+        members.append(
+            {
+                "weight_decay": wd,
+                "summary": run.summary,
+                "metrics": run.metrics,
+                "checkpoints": ckpts,
+                "checkpoint_dtype": _checkpoint_dtype(out, ckpts),
+                "traps": traps,
+            }
+        )
         final = run.metrics[-1] if run.metrics else {}
-        ctx.out.log(f"d: wd={wd:g}: final train acc {final.get('train_acc')}, test acc {final.get('test_acc')}; traps at {len({r['epoch'] for r in traps})} checkpoints")
+        ctx.out.log(
+            f"d: wd={wd:g}: final train acc {final.get('train_acc')}, test acc {final.get('test_acc')}; traps at {len({r['epoch'] for r in traps})} checkpoints"
+        )
     result["members"] = members
     (ctx.out.folder / "paper2.json").write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
     try:
@@ -1029,7 +1168,11 @@ def pack_runs(outs: list[Path], tar_path: Path, max_bytes: int = 15 * 2**20) -> 
 
     small, ckpts = [], []
     for out in outs:
-        small += [p for p in (out / "config.json", out / "summary.json", out / "metrics.jsonl", out / "splits.safetensors") if p.exists()]
+        small += [
+            p
+            for p in (out / "config.json", out / "summary.json", out / "metrics.jsonl", out / "splits.safetensors")
+            if p.exists()
+        ]
         ckpts.append([p for _, p in list_checkpoints(out)])
     used = sum(p.stat().st_size for p in small)
     chosen: list[Path] = []
@@ -1075,7 +1218,7 @@ RUNNERS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d}
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="run_on_device.sh", description=__doc__.splitlines()[0])
-    ap.add_argument("out", help="output folder (on the device: \"$OUT\"); at most 8 files are written there")
+    ap.add_argument("out", help='output folder (on the device: "$OUT"); at most 8 files are written there')
     ap.add_argument("--part", default="all", help="a, b, c, d, all, or a comma list (b implies a); default all")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help=f"seconds for the whole command (default {BUDGET_S:g})")
     ap.add_argument("--started-at", type=float, default=None, help="Unix time the command started (run_on_device.sh passes it)")
@@ -1116,12 +1259,27 @@ def main(argv: list[str] | None = None, clock=time.monotonic) -> int:
     work.mkdir(parents=True, exist_ok=True)
     ctx = Ctx(out, budget, device, work, args.tiny, clock=clock)
     plan = plan_slices(parts, budget.remaining())
-    out.doc.update(date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), argv=sys.argv[1:] if argv is None else argv, requested=parts, plan_s=plan,
-                   budget_s=args.budget_s, environment=environment(device), wheels=pins, tiny=args.tiny,
-                   constants={"PAPER1_REGIME": PAPER1_REGIME, "PAPER1_GRID": PAPER1_GRID, "PAPER1_EVAL_EVERY": PAPER1_EVAL_EVERY,
-                              "PAPER2": PAPER2, "SPEED_E": SPEED_E})
-    out.log(f"parts {','.join(parts)} on {device} ({out.doc['environment'].get('gpu', 'cpu')}), torch {torch.__version__}; "
-            f"budget {budget.remaining():.0f} s: " + ", ".join(f"{p} ~{s:.0f} s" for p, s in plan.items()))
+    out.doc.update(
+        date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        argv=sys.argv[1:] if argv is None else argv,
+        requested=parts,
+        plan_s=plan,
+        budget_s=args.budget_s,
+        environment=environment(device),
+        wheels=pins,
+        tiny=args.tiny,
+        constants={
+            "PAPER1_REGIME": PAPER1_REGIME,
+            "PAPER1_GRID": PAPER1_GRID,
+            "PAPER1_EVAL_EVERY": PAPER1_EVAL_EVERY,
+            "PAPER2": PAPER2,
+            "SPEED_E": SPEED_E,
+        },
+    )
+    out.log(
+        f"parts {','.join(parts)} on {device} ({out.doc['environment'].get('gpu', 'cpu')}), torch {torch.__version__}; "
+        f"budget {budget.remaining():.0f} s: " + ", ".join(f"{p} ~{s:.0f} s" for p, s in plan.items())
+    )
     out.save()
     code = EXIT_OK
     for p in parts:
@@ -1164,14 +1322,22 @@ def closing_table(doc: dict) -> str:
         elif "error" in r:
             lines.append(f"  {p}: FAILED: {r['error'].splitlines()[0]}")
         elif p == "a":
-            lines.append(f"  a: {'pass' if r.get('pass') else 'DISAGREE'} (" + ", ".join(f"{k} {'ok' if v['pass'] else 'bad'}" for k, v in r["settings"].items()) + ")")
+            lines.append(
+                f"  a: {'pass' if r.get('pass') else 'DISAGREE'} ("
+                + ", ".join(f"{k} {'ok' if v['pass'] else 'bad'}" for k, v in r["settings"].items())
+                + ")"
+            )
         elif p == "b" and r.get("best"):
             b = r["best"]
-            lines.append(f"  b: best E={b['E']} {b['prec']} {b['mode']}: {b['seed_epochs_per_s']:.0f} seed-epochs/s, {100 * b['fraction_of_peak']:.2f}% of peak")
+            lines.append(
+                f"  b: best E={b['E']} {b['prec']} {b['mode']}: {b['seed_epochs_per_s']:.0f} seed-epochs/s, {100 * b['fraction_of_peak']:.2f}% of peak"
+            )
         elif p == "c":
             lines.append(f"  c: {r.get('members')} members to epoch {r.get('epochs')} of {r.get('target_epochs')}")
         elif p == "d":
-            lines.append(f"  d: {r.get('steps', 0):,} steps ({r.get('engine', '-')})" + (f"; {r['skipped']}" if r.get("skipped") else ""))
+            lines.append(
+                f"  d: {r.get('steps', 0):,} steps ({r.get('engine', '-')})" + (f"; {r['skipped']}" if r.get("skipped") else "")
+            )
         else:
             lines.append(f"  {p}: done")
     lines.append(f"  files: {', '.join(doc.get('files', []))}; exit {doc.get('exit_code')}")

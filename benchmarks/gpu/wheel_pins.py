@@ -69,8 +69,9 @@ def wheel_name_version(filename: str) -> tuple[str, str]:
     return normalize(parts[0]), parts[1]
 
 
-def check_wheel_dir(folder: str | Path, pins: dict[str, str] | None = None, max_mib: float | None = MAX_MIB,
-                    prune: bool = False) -> dict[str, Path]:
+def check_wheel_dir(
+    folder: str | Path, pins: dict[str, str] | None = None, max_mib: float | None = MAX_MIB, prune: bool = False
+) -> dict[str, Path]:
     """The wheel file of every pin in ``folder``; raises ``PinError`` naming the first problem and its fix.
 
     ``prune`` deletes wheels that are not pinned (an older version left by an earlier fetch) instead
@@ -79,7 +80,9 @@ def check_wheel_dir(folder: str | Path, pins: dict[str, str] | None = None, max_
     pins = read_pins() if pins is None else pins
     folder = Path(folder)
     if not folder.is_dir():
-        raise PinError(f"wheel folder {folder} does not exist: run benchmarks/gpu/fetch_wheels.sh here and name {folder.name} in carry")
+        raise PinError(
+            f"wheel folder {folder} does not exist: run benchmarks/gpu/fetch_wheels.sh here and name {folder.name} in carry"
+        )
     found: dict[str, Path] = {}
     for f in sorted(folder.glob("*.whl")):
         name, version = wheel_name_version(f.name)
@@ -92,10 +95,14 @@ def check_wheel_dir(folder: str | Path, pins: dict[str, str] | None = None, max_
         found[name] = f
     missing = sorted(set(pins) - set(found))
     if missing:
-        raise PinError(f"wheel(s) missing from {folder}: {', '.join(f'{n}=={pins[n]}' for n in missing)}: run benchmarks/gpu/fetch_wheels.sh")
+        raise PinError(
+            f"wheel(s) missing from {folder}: {', '.join(f'{n}=={pins[n]}' for n in missing)}: run benchmarks/gpu/fetch_wheels.sh"
+        )
     total = sum(f.stat().st_size for f in found.values()) / 2**20
     if max_mib is not None and total > max_mib:
-        raise PinError(f"the wheels in {folder} take {total:.1f} MiB, over the {max_mib:g} MiB allowed: drop a pin from {PINS.name}")
+        raise PinError(
+            f"the wheels in {folder} take {total:.1f} MiB, over the {max_mib:g} MiB allowed: drop a pin from {PINS.name}"
+        )
     return found
 
 
@@ -113,9 +120,13 @@ def check_installed(pins: dict[str, str] | None = None, path: list[str] | None =
         seen.setdefault(name, d.version)  # the first on the path is the one imported
     for name, version in pins.items():
         if name not in seen:
-            raise PinError(f"{name}=={version} is not installed: install the carried wheels (run_on_device.sh does) and put them on PYTHONPATH")
+            raise PinError(
+                f"{name}=={version} is not installed: install the carried wheels (run_on_device.sh does) and put them on PYTHONPATH"
+            )
         if seen[name] != version:
-            raise PinError(f"{name} is {seen[name]} here, the pin is {version}: put the carried wheels' folder first on PYTHONPATH")
+            raise PinError(
+                f"{name} is {seen[name]} here, the pin is {version}: put the carried wheels' folder first on PYTHONPATH"
+            )
     return {n: seen[n] for n in pins}
 
 
@@ -128,13 +139,24 @@ DEVICE_PYTHON = (3, 12)
 
 def _never_at_runtime(test: ast.expr) -> bool:
     """``if TYPE_CHECKING``, ``if sys.version_info < (3, 7)`` (false on the device's Python), and or/and of such."""
-    if isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING":
+    if (
+        isinstance(test, ast.Name)
+        and test.id == "TYPE_CHECKING"
+        or isinstance(test, ast.Attribute)
+        and test.attr == "TYPE_CHECKING"
+    ):
         return True
     if isinstance(test, ast.BoolOp):
         values = [_never_at_runtime(v) for v in test.values]
         return all(values) if isinstance(test.op, ast.Or) else any(values)
-    if (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Lt) and isinstance(test.left, ast.Attribute)
-            and test.left.attr == "version_info" and isinstance(test.comparators[0], ast.Tuple)):
+    if (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Lt)
+        and isinstance(test.left, ast.Attribute)
+        and test.left.attr == "version_info"
+        and isinstance(test.comparators[0], ast.Tuple)
+    ):
         try:
             bound = tuple(ast.literal_eval(test.comparators[0]))
         except ValueError:

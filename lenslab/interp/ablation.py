@@ -17,14 +17,13 @@ names its position).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer, utils
 
-from lenslab.interp.common import InterpError, Table, check_index, check_tokens, label_vs_shortcut_diff
+from lenslab.interp.common import InterpError, Table, check_index, check_tokens, head_label, label_vs_shortcut_diff
 
 MODES = ("zero", "mean", "resample")
 
@@ -41,7 +40,7 @@ class HeadTarget:
         return utils.get_act_name("z", self.layer)
 
     def __str__(self) -> str:
-        return f"L{self.layer}H{self.head}"
+        return head_label(self.layer, self.head)
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ class ResidTarget:
         return f"L{self.layer}.resid_pre@{self.pos}"
 
 
-Target = Union[HeadTarget, AttnTarget, MLPTarget, ResidTarget]
+Target = HeadTarget | AttnTarget | MLPTarget | ResidTarget
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,7 @@ def reference_values(
     return {n: cache[n] for n in names}
 
 
-def _replacement(ab: Ablation, act_slice: Tensor, ref: Tensor | None, perm: Tensor) -> Tensor:
+def _replacement(ab: Ablation, act_slice: Tensor, ref: Tensor | None, perm: Tensor | None) -> Tensor:
     """The value that replaces ``act_slice`` ([n, pos, ...]) for this ablation."""
     if ab.mode == "zero":
         return torch.zeros_like(act_slice)
@@ -208,14 +207,16 @@ def evaluate_ablations(
     rows.append(dict(base))
     for ab in ablations:
         t = ab.target
-        rows.append({
-            "target": ab.label,
-            "kind": type(t).__name__.replace("Target", "").lower(),
-            "layer": t.layer,
-            "head": getattr(t, "head", None),
-            "pos": ab.position,
-            "mode": ab.mode,
-        })
+        rows.append(
+            {
+                "target": ab.label,
+                "kind": type(t).__name__.replace("Target", "").lower(),
+                "layer": t.layer,
+                "head": getattr(t, "head", None),
+                "pos": ab.position,
+                "mode": ab.mode,
+            }
+        )
     for name, (tokens, labels, shortcut) in splits.items():
         tokens = check_tokens(model, tokens, f"{name} tokens")
         per = max(1, max_rows // len(tokens) - 1)  # ablations per forward

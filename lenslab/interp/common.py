@@ -1,4 +1,5 @@
-"""Shared helpers for interp/: errors, index checks, readout logits, logit differences, tables."""
+"""Shared helpers for interp/: errors, index checks, head labels, logit differences, tables (``readout_logits`` is
+``training.gradients``'s, re-exported here)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from lenslab.tasks.errors import LenslabError
+from lenslab.training.gradients import readout_logits  # noqa: F401 (re-exported: the one definition lives in training)
 
 
 class InterpError(LenslabError):
@@ -55,14 +57,13 @@ def label_vs_shortcut_diff(
     return torch.where(labels == shortcut, true - runner_up, true - gather_class(logits, shortcut))
 
 
-def readout_logits(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], batch_size: int = 4096) -> Float[Tensor, "batch k"]:
-    """Logits at the last (readout) position, computed in chunks without gradients."""
-    with torch.no_grad():
-        return torch.cat([model(tokens[i : i + batch_size])[:, -1] for i in range(0, len(tokens), batch_size)])
+def head_label(layer: int, head: int) -> str:
+    """The one name of attention head ``head`` in layer ``layer``: ``L{layer}H{head}`` (tables, figures, views)."""
+    return f"L{layer}H{head}"
 
 
 def head_names(model: HookedTransformer) -> list[str]:
-    return [f"L{layer}H{head}" for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
+    return [head_label(layer, head) for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
 
 
 class Table(list):

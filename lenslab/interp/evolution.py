@@ -38,7 +38,7 @@ def select_checkpoints(epochs: list[int], max_n: int | None = 40) -> list[int]:
         return list(epochs)
     if max_n < 2:
         raise InterpError(f"max_checkpoints={max_n} must be >= 2 (first and last)")
-    idx = sorted({int(round(i)) for i in np.linspace(0, len(epochs) - 1, max_n)})
+    idx = sorted({round(i) for i in np.linspace(0, len(epochs) - 1, max_n)})
     return [epochs[i] for i in idx]
 
 
@@ -90,7 +90,9 @@ def _split(splits: dict, name: str, idx: torch.Tensor) -> tuple:
     return splits[f"{name}_tokens"][idx], splits[f"{name}_labels"][idx], splits[f"{name}_shortcut"][idx]
 
 
-def checkpoint_analysis(model, splits: dict, n_values: int, k: int, max_examples: int = 512, max_pairs: int = 64, seed: int = 0) -> list[dict]:
+def checkpoint_analysis(
+    model, splits: dict, n_values: int, k: int, max_examples: int = 512, max_pairs: int = 64, seed: int = 0
+) -> list[dict]:
     """Per-head numbers for one model: fingerprints (w/a), ablation deltas, patching effect."""
     val_idx = subsample(len(splits["validation_tokens"]), max_examples, seed)
     adv_idx = subsample(len(splits["adv_tokens"]), max_examples, seed + 1)

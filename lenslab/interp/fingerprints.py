@@ -43,7 +43,7 @@ from scipy.stats import spearmanr
 from torch import Tensor
 from transformer_lens import FactoredMatrix, HookedTransformer, utils
 
-from lenslab.interp.common import InterpError, Table, check_index, check_tokens
+from lenslab.interp.common import InterpError, Table, check_index, check_tokens, head_label
 
 FINGERPRINTS = ("qk_rho", "pos0_mass", "ov_parity_rho")
 
@@ -106,7 +106,9 @@ def _check_head(model: HookedTransformer, layer: int, head: int) -> None:
     check_index("head", head, model.cfg.n_heads)
 
 
-def weight_fingerprints(model: HookedTransformer, n_values: int, k: int, readout_token: int | None = None, seed: int = 0) -> Table:
+def weight_fingerprints(
+    model: HookedTransformer, n_values: int, k: int, readout_token: int | None = None, seed: int = 0
+) -> Table:
     """One row per head from the weights alone (see the module docstring for the approximation)."""
     n_ctx = model.cfg.n_ctx
     readout_token = n_values if readout_token is None else readout_token
@@ -132,15 +134,17 @@ def weight_fingerprints(model: HookedTransformer, n_values: int, k: int, readout
                 per_seq = torch.cat([grid[torch.arange(seq_len)[None], seqs], scores[-1].expand(len(seqs), 1)], dim=1)
                 pos0 = torch.softmax(per_seq, -1)[:, 0].mean()
                 contrib = (key_in[:-1] @ ov_unembed_circuit(model, layer, head)).AB  # [n_keys, k]
-                rows.append({
-                    "layer": layer,
-                    "head": head,
-                    "head_name": f"L{layer}H{head}",
-                    "source": "weights",
-                    "qk_rho": rho(vals.numpy(), scores[:-1].cpu().numpy()),
-                    "pos0_mass": float(pos0),
-                    "ov_parity_rho": _parity_rho(vals, contrib, k),
-                })
+                rows.append(
+                    {
+                        "layer": layer,
+                        "head": head,
+                        "head_name": head_label(layer, head),
+                        "source": "weights",
+                        "qk_rho": rho(vals.numpy(), scores[:-1].cpu().numpy()),
+                        "pos0_mass": float(pos0),
+                        "ov_parity_rho": _parity_rho(vals, contrib, k),
+                    }
+                )
     return rows
 
 
@@ -164,7 +168,11 @@ def activation_fingerprints(model: HookedTransformer, tokens: Int[Tensor, "batch
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
         key_vals = tokens[:, : n_ctx - 1]
         final_lin = _final_ln_linear(model) @ model.W_U  # [d_model, k]
-        scale = cache["ln_final.hook_scale"][:, -1] if "ln_final.hook_scale" in cache.cache_dict else torch.ones(len(tokens), 1, device=model.W_U.device)
+        scale = (
+            cache["ln_final.hook_scale"][:, -1]
+            if "ln_final.hook_scale" in cache.cache_dict
+            else torch.ones(len(tokens), 1, device=model.W_U.device)
+        )
         rows = Table()
         for layer in range(model.cfg.n_layers):
             scores = cache[utils.get_act_name("attn_scores", layer)][:, :, -1, : n_ctx - 1]  # [b, head, key]
@@ -173,19 +181,23 @@ def activation_fingerprints(model: HookedTransformer, tokens: Int[Tensor, "batch
             W_O = model.blocks[layer].attn.W_O
             for head in range(model.cfg.n_heads):
                 contrib = (v[:, :, head] @ W_O[head] @ final_lin) / scale[:, None]  # [b, key, k]
-                rows.append({
-                    "layer": layer,
-                    "head": head,
-                    "head_name": f"L{layer}H{head}",
-                    "source": "activations",
-                    "qk_rho": rho(key_vals.cpu().numpy(), scores[:, head].cpu().numpy()),
-                    "pos0_mass": float(pattern[:, head].mean()),
-                    "ov_parity_rho": _parity_rho(key_vals.reshape(-1), contrib.reshape(-1, contrib.shape[-1]), k),
-                })
+                rows.append(
+                    {
+                        "layer": layer,
+                        "head": head,
+                        "head_name": head_label(layer, head),
+                        "source": "activations",
+                        "qk_rho": rho(key_vals.cpu().numpy(), scores[:, head].cpu().numpy()),
+                        "pos0_mass": float(pattern[:, head].mean()),
+                        "ov_parity_rho": _parity_rho(key_vals.reshape(-1), contrib.reshape(-1, contrib.shape[-1]), k),
+                    }
+                )
     return rows
 
 
-def head_fingerprint(model: HookedTransformer, layer: int, head: int, n_values: int, k: int, tokens: Tensor | None = None) -> dict:
+def head_fingerprint(
+    model: HookedTransformer, layer: int, head: int, n_values: int, k: int, tokens: Tensor | None = None
+) -> dict:
     """Fingerprints of one head (weights, plus activations when ``tokens`` is given)."""
     _check_head(model, layer, head)
     out = {"weights": weight_fingerprints(model, n_values, k).where(layer=layer, head=head)[0]}

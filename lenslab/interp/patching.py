@@ -37,6 +37,13 @@ can influence, and all runs that resume at the same block are evaluated together
 Models with a non-standard attention (rotary, GQA, parallel blocks, ...) resume through
 ``HookedTransformer.forward(start_at_layer=...)`` instead of the readout-only last block.
 These are exact rewrites of the same computation, not approximations.
+
+**Readable reference.** ``lenslab.interp.patching_reference.patch_grids_reference`` computes
+the same grids (same arguments, same ``{kind: PatchGrid}`` result) the plain TransformerLens
+way: one ``run_with_cache`` of the source, then one ``run_with_hooks`` of the receiver per grid
+cell, with a hook that copies the source activation in at that layer/position/head. Read it
+first to see what is computed; ``tests/interp/test_patching_reference.py`` checks this engine
+against it, and it against ``transformer_lens.patching``, in float32 and float64.
 """
 
 from __future__ import annotations
@@ -162,7 +169,7 @@ def _readout(model: HookedTransformer, resid: Float[Tensor, "batch d_model"]) ->
     return model(resid[:, None], start_at_layer=model.cfg.n_layers)[:, 0]
 
 
-def _qkv(attn, x: Float[Tensor, "batch pos d_model"], which: str = "qkv") -> tuple[Tensor, ...]:
+def _qkv(attn, x: Float[Tensor, "*batch d_model"], which: str = "qkv") -> tuple[Tensor, ...]:
     """Queries, keys and/or values (``which``) ``[batch, pos, head, d_head]`` of ``attn`` for its
     (normalized) input, from one matrix product."""
     w = einops.rearrange(torch.stack([getattr(attn, f"W_{c.upper()}") for c in which]), "n h d e -> d (n h e)")

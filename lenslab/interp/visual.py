@@ -19,16 +19,33 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 from transformer_lens import HookedTransformer, utils
 
-from lenslab.interp.common import Table, check_index, check_tokens
+from lenslab.interp.common import check_index, check_tokens, head_label
 from lenslab.interp.patching import PatchGrid
 
 # -- plotly ------------------------------------------------------------------------------
 
 
-def heatmap(values, x_labels, y_labels, title: str, x_title: str, y_title: str, zmid: float | None = 0.0, colorbar: str = "") -> go.Figure:
+def heatmap(
+    values, x_labels, y_labels, title: str, x_title: str, y_title: str, zmid: float | None = 0.0, colorbar: str = ""
+) -> go.Figure:
     z = values.tolist() if isinstance(values, Tensor) else values
-    fig = go.Figure(go.Heatmap(z=z, x=[str(x) for x in x_labels], y=[str(y) for y in y_labels], zmid=zmid, colorscale="RdBu", colorbar={"title": colorbar}))
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, yaxis_autorange="reversed", height=max(260, 60 + 32 * len(y_labels)))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[str(x) for x in x_labels],
+            y=[str(y) for y in y_labels],
+            zmid=zmid,
+            colorscale="RdBu",
+            colorbar={"title": colorbar},
+        )
+    )
+    fig.update_layout(
+        title=title,
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+        yaxis_autorange="reversed",
+        height=max(260, 60 + 32 * len(y_labels)),
+    )
     return fig
 
 
@@ -39,21 +56,43 @@ def patching_figure(grid: PatchGrid) -> go.Figure:
     if grid.kind == "z_by_pos":
         L, P, H = v.shape
         rows = v.permute(0, 2, 1).reshape(L * H, P)
-        return heatmap(rows, list(range(P)), [f"L{l}H{h}" for l in range(L) for h in range(H)], title, "position", "head", colorbar="norm. LD")
+        return heatmap(
+            rows,
+            list(range(P)),
+            [head_label(l, h) for l in range(L) for h in range(H)],
+            title,
+            "position",
+            "head",
+            colorbar="norm. LD",
+        )
     if grid.kind == "z_all_pos":
-        return heatmap(v, [f"H{h}" for h in range(v.shape[1])], [f"L{l}" for l in range(v.shape[0])], title, "head", "layer", colorbar="norm. LD")
-    return heatmap(v, list(range(v.shape[1])), [f"L{l}" for l in range(v.shape[0])], title, "position", "layer", colorbar="norm. LD")
+        return heatmap(
+            v,
+            [f"H{h}" for h in range(v.shape[1])],
+            [f"L{l}" for l in range(v.shape[0])],
+            title,
+            "head",
+            "layer",
+            colorbar="norm. LD",
+        )
+    return heatmap(
+        v, list(range(v.shape[1])), [f"L{l}" for l in range(v.shape[0])], title, "position", "layer", colorbar="norm. LD"
+    )
 
 
-def ablation_figure(table: Table, value: str = "delta_acc") -> go.Figure:
+def ablation_figure(table: Sequence[dict], value: str = "delta_acc") -> go.Figure:
     """Targets × splits heatmap of ``<value>_<split>`` (e.g. accuracy change when ablated)."""
     rows = [r for r in table if r["target"] != "none"]
     splits = sorted(k[len(value) + 1 :] for k in table[0] if k.startswith(value + "_"))
     z = [[r[f"{value}_{s}"] for s in splits] for r in rows]
-    return heatmap(z, splits, [r["target"] for r in rows], f"ablation: {value} per split", "split", "ablated target", colorbar=value)
+    return heatmap(
+        z, splits, [r["target"] for r in rows], f"ablation: {value} per split", "split", "ablated target", colorbar=value
+    )
 
 
-def lines(rows: list[dict], x: str, ys: list[str], title: str, y_title: str, vlines: dict[str, float | None] | None = None) -> go.Figure:
+def lines(
+    rows: list[dict], x: str, ys: list[str], title: str, y_title: str, vlines: dict[str, float | None] | None = None
+) -> go.Figure:
     fig = go.Figure()
     for y in ys:
         pts = [(r[x], r.get(y)) for r in rows if r.get(y) is not None]
@@ -73,7 +112,9 @@ def accuracy_figure(metrics: list[dict], phase: dict | None = None) -> go.Figure
 
 
 def gradient_figure(metrics: list[dict]) -> go.Figure:
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("gradient conflict (cosine)", "gradient amplification (anti / consistent)"))
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("gradient conflict (cosine)", "gradient amplification (anti / consistent)")
+    )
     for col, key in ((1, "grad_conflict"), (2, "grad_amplification")):
         pts = [(m["epoch"], m[key]) for m in metrics if m.get(key) is not None]
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=key), row=1, col=col)
@@ -94,8 +135,19 @@ def fingerprint_evolution_figure(head_rows: list[dict], source: str = "w") -> go
     for col, n in enumerate(names, start=1):
         for h in heads:
             pts = [(r["epoch"], r[f"{n}_{source}"]) for r in head_rows if r["head_name"] == h]
-            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name=h, legendgroup=h, showlegend=col == 1,
-                                     line={"color": colours[h]}), row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=[p[0] for p in pts],
+                    y=[p[1] for p in pts],
+                    mode="lines",
+                    name=h,
+                    legendgroup=h,
+                    showlegend=col == 1,
+                    line={"color": colours[h]},
+                ),
+                row=1,
+                col=col,
+            )
         fig.update_xaxes(title_text="epoch", row=1, col=col)
     fig.update_layout(title="fingerprint evolution per head")
     return fig
@@ -159,14 +211,16 @@ def token_strings(tokens: list[int], n_values: int) -> list[str]:
     return [str(t) if t < n_values else "READ" for t in tokens]
 
 
-def attention_view(model: HookedTransformer, tokens: Tensor, n_values: int, layer: int | None = None, title: str = "") -> AttentionView:
+def attention_view(
+    model: HookedTransformer, tokens: Tensor, n_values: int, layer: int | None = None, title: str = ""
+) -> AttentionView:
     """Attention patterns of every head (or of one layer) on one example ``tokens`` [pos]."""
     tokens = check_tokens(model, tokens.reshape(1, -1))
     layers = range(model.cfg.n_layers) if layer is None else [check_index("layer", layer, model.cfg.n_layers)]
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
     pats = torch.cat([cache[utils.get_act_name("pattern", l)][0] for l in layers])  # [heads, dest, src]
-    names = [f"L{l}H{h}" for l in layers for h in range(model.cfg.n_heads)]
+    names = [head_label(l, h) for l in layers for h in range(model.cfg.n_heads)]
     return AttentionView(pats, token_strings(tokens[0].tolist(), n_values), names, title)
 
 
@@ -189,23 +243,43 @@ def collapse_figure(metrics: Sequence[dict]) -> go.Figure:
     epochs = [r["epoch"] for r in rows]
     positive = [e for e in epochs if e > 0]
     log_x = bool(positive) and max(positive) / min(positive) >= 1000
-    fig = make_subplots(rows=2, cols=2, subplot_titles=(
-        "max |logit| on the train split", "train examples with loss exactly 0",
-        "weight norm (bold: all parameters)", "gradient norm of the last step"))
+    fig = make_subplots(
+        rows=2,
+        cols=2,
+        subplot_titles=(
+            "max |logit| on the train split",
+            "train examples with loss exactly 0",
+            "weight norm (bold: all parameters)",
+            "gradient norm of the last step",
+        ),
+    )
 
     def series(key: str, r: int, c: int, name: str | None = None, width: float = 2.0, values=None) -> None:
         ys = values if values is not None else [row.get(key) for row in rows]
         pts = [(e, y) for e, y in zip(epochs, ys) if y is not None and not (log_x and e == 0)]
         if pts:
-            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name or key,
-                                     line={"width": width}, marker={"size": 3}, showlegend=name is not None), row=r, col=c)
+            fig.add_trace(
+                go.Scatter(
+                    x=[p[0] for p in pts],
+                    y=[p[1] for p in pts],
+                    mode="lines+markers",
+                    name=name or key,
+                    line={"width": width},
+                    marker={"size": 3},
+                    showlegend=name is not None,
+                ),
+                row=r,
+                col=c,
+            )
 
     series("train_max_abs_logit", 1, 1)
     series("train_zero_loss_frac", 1, 2)
     series("weight_norm", 2, 1, name="all parameters", width=3.0)
     names = sorted({n for row in rows for n in (row.get("weight_norms") or {})})
     for n in names:
-        if n.endswith((".W_Q", ".W_K", ".W_V", ".W_O", ".W_in", ".W_out", "W_E", "W_pos", "W_U")):  # the matrices; biases would crowd it
+        if n.endswith(
+            (".W_Q", ".W_K", ".W_V", ".W_O", ".W_in", ".W_out", "W_E", "W_pos", "W_U")
+        ):  # the matrices; biases would crowd it
             series(n, 2, 1, name=n, width=1.0, values=[(row.get("weight_norms") or {}).get(n) for row in rows])
     series("grad_norm", 2, 2)
     for r, c in ((1, 1), (2, 1), (2, 2)):

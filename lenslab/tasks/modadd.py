@@ -25,7 +25,7 @@ class ModAddTask:
         if self.p > 4096:
             raise TaskError(f"p={self.p} would make {self.p**2:,} pairs; use p <= 4096")
         f = self.train_frac
-        if not isinstance(f, (int, float)) or not (0.0 < f < 1.0) or f != f:
+        if not isinstance(f, (int, float)) or not (0.0 < f < 1.0):  # NaN fails the comparison
             raise TaskError(f"train_frac={f!r} must lie strictly between 0 and 1")
         if self.n_train < 1 or self.n_train >= self.p**2:
             raise TaskError(f"train_frac={f} leaves an empty train or test split for p={self.p}")

@@ -20,6 +20,7 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from lenslab.tasks.errors import TaskError
 
@@ -44,10 +45,7 @@ class MPSPTask:
         if not isinstance(self.seq_len, int) or self.seq_len < 2:
             raise TaskError(f"seq_len={self.seq_len!r} is too short: use an integer >= 2")
         if not isinstance(self.n_values, int) or self.n_values < self.k:
-            raise TaskError(
-                f"n_values={self.n_values!r} must be an integer >= k={self.k} "
-                "so that every class occurs"
-            )
+            raise TaskError(f"n_values={self.n_values!r} must be an integer >= k={self.k} so that every class occurs")
         if self.seq_len * math.log2(self.n_values) > 62.5 or self.n_values**self.seq_len > 2**62:  # log first: no huge int
             raise TaskError(
                 f"n_values**seq_len = {self.n_values}**{self.seq_len} overflows int64 sequence ids; "
@@ -97,7 +95,7 @@ class MPSPTask:
         weights = self.n_values ** np.arange(self.seq_len - 1, -1, -1, dtype=np.int64)
         return (x.astype(np.int64) * weights).sum(axis=-1)
 
-    def decode(self, ids: np.ndarray) -> np.ndarray:
+    def decode(self, ids: ArrayLike) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
         out = np.empty((ids.shape[0], self.seq_len), dtype=np.int64)
         rem = ids.copy()

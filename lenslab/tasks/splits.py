@@ -15,6 +15,7 @@ arguments: the same seed gives the same tensors.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,10 +28,11 @@ ENUMERATE_LIMIT = 1 << 22  # enumerate the whole sequence space when it is this 
 
 def n_consistent(ratio: float, n_train: int) -> int:
     """Number of shortcut-consistent train examples: ``round(ratio * n_train)``, halves up."""
-    return int(math.floor(ratio * n_train + 0.5))
+    return math.floor(ratio * n_train + 0.5)
 
 
-def check_ratio(ratio: float) -> float:
+def check_ratio(ratio: Any) -> float:  # any raw value (JSON, CLI): refused with a readable TaskError
+    """``ratio`` as a float, or one ``TaskError`` line: the one ratio check (``training.spec.MPSPSpec.ratio`` uses it)."""
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
         raise TaskError(f"ratio={ratio!r} is not a number in [0, 1]")
     if not 0.0 <= ratio <= 1.0:

@@ -20,6 +20,9 @@ dtype=torch.float64))``. ``eval_schedule`` "linear" evaluates every ``eval_every
 thins checkpoints, ``ckpt_density``); "log" evaluates and checkpoints at ``log_schedule(epochs,
 n_evals)`` (see there). Run directories written before these keys existed mean
 ``LEGACY_TRAIN`` (float32, linear); ``runio.read_config`` fills them in.
+
+The fields, their defaults, bounds and help live once, in ``training.spec`` (``RunSpec`` and
+its blocks); the functions here build and check the dict form through it.
 """
 
 from __future__ import annotations
@@ -28,48 +31,79 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from lenslab.tasks import ModAddTask, MPSPTask
-from lenslab.tasks.splits import check_ratio
 from lenslab.training.errors import ConfigError
-from lenslab.training.presets import DTYPES, modadd_model_config, mpsp_model_config
-from lenslab.training.runio import CKPT_RE, RUN_FORMAT, check_model_kwargs, file_sha256
+from lenslab.training.presets import DTYPES, modadd_model_config, mpsp_model_config, torch_dtype
+from lenslab.training.run import Run
+from lenslab.training.runio import CKPT_RE, file_sha256, read_config
+from lenslab.training.spec import (
+    EVAL_SCHEDULES,
+    LEGACY_TRAIN,
+    MAX_EVALS,
+    RUN_FORMAT,
+    TASK,
+    VERSION,
+    ModAddSpec,
+    ModelSpec,
+    MPSPSpec,
+    RunSpec,
+    TrainSpec,
+    params,
+)
 
-VERSION = "0.1.0"
+__all__ = [
+    "COMMON_TRAIN",
+    "DTYPES",
+    "EVAL_SCHEDULES",
+    "FLAG_PLACES",
+    "LEGACY_TRAIN",
+    "MAX_EVALS",
+    "RUN_FORMAT",
+    "TRAIN_DEFAULTS",
+    "VERSION",
+    "check_train",
+    "comparable",
+    "config_from_flags",
+    "default_run_dir",
+    "default_seeds_dir",
+    "init_config",
+    "log_schedule",
+    "modadd_run_config",
+    "mpsp_run_config",
+    "resume_config",
+    "torch_dtype",
+    "with_init",
+]
 
+# the defaults, as dicts (read from TrainSpec's field metadata, where they live)
+_TRAIN = params(TrainSpec)
 TRAIN_DEFAULTS = {
-    "mpsp": dict(epochs=150, lr=1e-3, weight_decay=0.1, betas=[0.9, 0.999], batch_size=512, eval_every=5),
-    "modadd": dict(epochs=3000, lr=1e-3, weight_decay=1.0, betas=[0.9, 0.98], batch_size=None, eval_every=50),
+    task: {k: p.default_for(task) for k, p in _TRAIN.items() if isinstance(p.default, dict)} for task in ("mpsp", "modadd")
 }
-COMMON_TRAIN = dict(seed=0, ckpt_density=16, grad_probe_size=256, dtype="float32", eval_schedule="linear", n_evals=200)
-EVAL_SCHEDULES = ("linear", "log")
-MAX_EVALS = 2000  # log_schedule is exact integer arithmetic: 0.05 s at 1000 evaluations, ~16 s at 10,000
-# what a config.json without these keys (written before they existed) trained with
-LEGACY_TRAIN = {"dtype": "float32", "eval_schedule": "linear", "n_evals": 200}
+COMMON_TRAIN = {k: p.default for k, p in _TRAIN.items() if not isinstance(p.default, dict)}
+_MPSP = params(MPSPSpec)
+_MODEL = params(ModelSpec)
+_MODADD = params(ModAddSpec)
 
 
 def mpsp_run_config(
-    label: str = "sum2",
-    shortcut: str = "max",
-    ratio: float = 0.9,
-    seq_len: int = 5,
-    n_values: int = 16,
-    n_train: int = 16_384,
-    n_val: int = 2_048,
-    n_adv: int = 2_048,
-    data_seed: int = 0,
-    layers: int = 2,
-    heads: int = 2,
+    label: str = _MPSP["label"].default,
+    shortcut: str = _MPSP["shortcut"].default,
+    ratio: float = _MPSP["ratio"].default,
+    seq_len: int = _MPSP["seq_len"].default,
+    n_values: int = _MPSP["n_values"].default,
+    n_train: int = _MPSP["n_train"].default,
+    n_val: int = _MPSP["n_val"].default,
+    n_adv: int = _MPSP["n_adv"].default,
+    data_seed: int = _MPSP["seed"].default,
+    layers: int = _MODEL["n_layers"].default,
+    heads: int = _MODEL["n_heads"].default,
     **train: Any,
 ) -> dict:
     """A complete MPSP run config. ``data_seed`` fixes the splits; ``train["seed"]`` the model."""
-    task = MPSPTask(label=label, shortcut=shortcut, seq_len=seq_len, n_values=n_values)
-    task_cfg = dict(
-        name="mpsp",
+    task = MPSPSpec(
         label=label,
         shortcut=shortcut,
-        ratio=check_ratio(ratio),
+        ratio=ratio,
         seq_len=seq_len,
         n_values=n_values,
         seed=data_seed,
@@ -77,76 +111,27 @@ def mpsp_run_config(
         n_val=n_val,
         n_adv=n_adv,
     )
-    return _assemble(task_cfg, mpsp_model_config(task, layers, heads), "mpsp", train)
+    model = ModelSpec(**mpsp_model_config(task.rule, layers, heads))
+    return RunSpec(task=task, model=model, train=TrainSpec.for_task("mpsp", **train)).to_dict()
 
 
-def modadd_run_config(p: int = 113, train_frac: float = 0.3, data_seed: int = 0, **train: Any) -> dict:
-    task = ModAddTask(p=p, train_frac=train_frac)
-    task_cfg = dict(name="modadd", p=p, train_frac=train_frac, seed=data_seed)
-    return _assemble(task_cfg, modadd_model_config(task), "modadd", train)
-
-
-def _assemble(task_cfg: dict, model: dict, kind: str, train: dict) -> dict:
-    full = {**TRAIN_DEFAULTS[kind], **COMMON_TRAIN}
-    unknown = set(train) - set(full)
-    if unknown:
-        raise ConfigError(f"unknown training setting(s) {sorted(unknown)}; known: {sorted(full)}")
-    full.update({k: v for k, v in train.items() if v is not None or k == "batch_size"})
-    cfg = {"format": RUN_FORMAT, "lenslab_version": VERSION, "task": task_cfg, "model": model, "train": full}
-    check_train(cfg)
-    return cfg
-
-
-def _num(name: str, v: Any, lo: float, hi: float, integer: bool = False) -> None:
-    bad = isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int))
-    if bad or not math.isfinite(v) or not lo <= v <= hi:
-        kind = "an integer" if integer else "a number"
-        raise ConfigError(f"{name}={v!r} must be {kind} in [{lo:g}, {hi:g}]")
+def modadd_run_config(
+    p: int = _MODADD["p"].default,
+    train_frac: float = _MODADD["train_frac"].default,
+    data_seed: int = _MODADD["seed"].default,
+    **train: Any,
+) -> dict:
+    task = ModAddSpec(p=p, train_frac=train_frac, seed=data_seed)
+    model = ModelSpec(**modadd_model_config(task.rule))
+    return RunSpec(task=task, model=model, train=TrainSpec.for_task("modadd", **train)).to_dict()
 
 
 def check_train(cfg: dict) -> None:
-    """Validate the ``train`` block (and that the task fits the model) before any work starts."""
-    t = cfg["train"]
-    _num("epochs", t.get("epochs"), 0, 10_000_000, integer=True)
-    _num("seed", t.get("seed"), 0, 2**63 - 1, integer=True)
-    _num("lr", t.get("lr"), 1e-12, 10.0)
-    _num("weight_decay", t.get("weight_decay"), 0.0, 100.0)
-    betas = t.get("betas")
-    if not (isinstance(betas, (list, tuple)) and len(betas) == 2):
-        raise ConfigError(f"betas={betas!r} must be two numbers in [0, 1)")
-    for b in betas:
-        _num("beta", b, 0.0, 0.999999)
-    if t.get("batch_size") is not None:
-        _num("batch_size", t["batch_size"], 1, 1 << 24, integer=True)
-    _num("eval_every", t.get("eval_every"), 1, 10_000_000, integer=True)
-    _num("ckpt_density", t.get("ckpt_density"), 1, 1_000_000, integer=True)
-    _num("grad_probe_size", t.get("grad_probe_size"), 1, 1 << 16, integer=True)
-    if t.get("dtype", "float32") not in DTYPES:
-        raise ConfigError(f"dtype={t['dtype']!r} is not supported: use one of {', '.join(DTYPES)}")
-    if t.get("eval_schedule", "linear") not in EVAL_SCHEDULES:
-        raise ConfigError(f"eval_schedule={t['eval_schedule']!r} is not supported: use one of {', '.join(EVAL_SCHEDULES)}")
-    _num("n_evals", t.get("n_evals", 200), 1, MAX_EVALS, integer=True)
-    check_model_kwargs(cfg["model"], "model config")
-    task = cfg["task"]
-    if task.get("name") == "mpsp":
-        for key in ("n_train", "n_val", "n_adv"):
-            _num(key, task.get(key), 1, 1 << 26, integer=True)
-        _num("data seed", task.get("seed"), 0, 2**63 - 1, integer=True)
-        if task["seq_len"] + 1 > cfg["model"]["n_ctx"]:
-            raise ConfigError(
-                f"seq_len={task['seq_len']} needs n_ctx >= {task['seq_len'] + 1} (values + readout), "
-                f"but the model has n_ctx={cfg['model']['n_ctx']}"
-            )
-    elif task.get("name") != "modadd":
-        raise ConfigError(f"unknown task {task.get('name')!r}: use 'mpsp' or 'modadd'")
+    """Validate a whole config dict (train block, model, task, and that the task fits the model) before any work starts.
 
-
-def torch_dtype(train: dict) -> torch.dtype:
-    """The torch dtype of a ``config["train"]`` block (a block without ``dtype`` is an older float32 run)."""
-    name = train.get("dtype", "float32")
-    if name not in DTYPES:
-        raise ConfigError(f"dtype={name!r} is not supported: use one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    ``RunSpec.from_dict``: one ``ConfigError`` (or ``TaskError``) line; ``cfg`` is not modified.
+    """
+    RunSpec.from_dict(cfg)
 
 
 def _iroot_ceil(n: int, r: int) -> int:
@@ -197,16 +182,120 @@ def with_init(config: dict, source: str | Path) -> dict:
     into ``config["init"]``, so the run records where it came from, and a restart from scratch
     refuses a source that has changed since.
     """
-    from lenslab.training.run import Run  # run.py does not import this module; the import is local to keep it light
-
     run = Run.open(source)
     if run.config["model"] != config["model"]:
-        keys = sorted(k for k in set(run.config["model"]) | set(config["model"]) if run.config["model"].get(k) != config["model"].get(k))
+        keys = sorted(
+            k for k in set(run.config["model"]) | set(config["model"]) if run.config["model"].get(k) != config["model"].get(k)
+        )
         diffs = ", ".join(f"{k} ({config['model'].get(k)!r} here, {run.config['model'].get(k)!r} there)" for k in keys[:4])
-        raise ConfigError(f"init from {source}: its model differs from this run's in {diffs}; a run can start only from weights of the same architecture")
+        raise ConfigError(
+            f"init from {source}: its model differs from this run's in {diffs}; a run can start only from weights of the same architecture"
+        )
     path = run.checkpoint_file()
     m = CKPT_RE.match(path.name)
     if m is None:
         raise ConfigError(f"init from {path}: not a model checkpoint (<epoch>.safetensors) of a run")
     init = {"from": str(path.resolve()), "epoch": int(m.group(1)), "sha256": file_sha256(path)}
     return {**config, "init": init}
+
+
+# -- the command line's configs (lenslab train's flags -> a config dict) ----------------------------
+def _flag_places() -> dict[str, tuple[str, str]]:
+    """flag -> (block, key) in config.json, from the spec's field metadata (``Param.flag``)."""
+    places = {TASK.flag: ("task", "name")}
+    for block, cls in (("task", MPSPSpec), ("model", ModelSpec), ("task", ModAddSpec), ("train", TrainSpec)):
+        for key, p in params(cls).items():
+            if p.flag and p.flag != "epochs":
+                places.setdefault(p.flag, (block, key))
+    return places
+
+
+FLAG_PLACES = _flag_places()  # flag -> where it lives in config.json (the flags --resume checks)
+TRAIN_FLAGS = tuple(p.flag for p in _TRAIN.values() if p.flag)
+MPSP_FLAGS = tuple(p.flag for p in (*_MPSP.values(), *_MODEL.values()) if p.flag and p.flag not in ("data_seed",))
+MODADD_FLAGS = tuple(p.flag for p in _MODADD.values() if p.flag and p.flag != "data_seed")
+
+
+def _flag_value(flag: str, value: Any) -> Any:
+    """A flag's value as config.json holds it: batch size 0 is full batch (None), betas a list."""
+    if flag == "batch_size":
+        return value or None
+    if flag == "betas":
+        return list(value)
+    return value
+
+
+def config_from_flags(given: dict) -> dict:
+    """The config of ``lenslab train``'s flags (``{flag name: value}``, only those given; the rest default)."""
+    task = given.get(TASK.flag, TASK.default)
+    train = {k: _flag_value(k, given[k]) for k in TRAIN_FLAGS if k in given}
+    if task == "modadd":
+        stray = sorted(set(given) & set(MPSP_FLAGS))
+        if stray:
+            raise ConfigError(f"--{stray[0].replace('_', '-')} is an mpsp flag; modadd takes --p and --train-frac")
+        kw = {k: given[k] for k in MODADD_FLAGS if k in given}
+        return modadd_run_config(**kw, **({"data_seed": given["data_seed"]} if "data_seed" in given else {}), **train)
+    stray = sorted(set(given) & set(MODADD_FLAGS))
+    if stray:
+        raise ConfigError(f"--{stray[0].replace('_', '-')} is a modadd flag; add --task modadd")
+    kw = {k: given[k] for k in MPSP_FLAGS if k in given}
+    return mpsp_run_config(**kw, **({"data_seed": given["data_seed"]} if "data_seed" in given else {}), **train)
+
+
+def resume_config(run_dir: str | Path, given: dict) -> dict:
+    """The stored config of ``run_dir``, with ``given["epochs"]`` applied; any other flag given must agree with it."""
+    cfg = read_config(run_dir)
+    for flag, value in given.items():
+        if flag == "epochs":
+            continue
+        block, key = FLAG_PLACES[flag]
+        stored = cfg[block].get(key)
+        value = _flag_value(flag, value)
+        if stored != value:
+            raise ConfigError(
+                f"--{flag.replace('_', '-')} {value} differs from the run's {block}.{key}={stored!r}; drop the flag to resume"
+            )
+    if "epochs" in given:
+        cfg["train"]["epochs"] = given["epochs"]
+        RunSpec.from_dict(cfg)
+    return cfg
+
+
+def init_config(source: str | Path, given: dict) -> dict:
+    """``--init-from``: the source run's settings, overridden by the flags given, starting from its weights (``with_init``)."""
+    if not Path(source).exists():
+        raise ConfigError(f"--init-from {source}: no such run directory or checkpoint file")
+    src = Run.open(source).config
+    name = src["task"]["name"]
+    if given.get(TASK.flag, name) != name:
+        raise ConfigError(
+            f"--task {given[TASK.flag]} with --init-from a {name} run: the weights cannot carry over to another task"
+        )
+    skip = set(MPSP_FLAGS) if name == "modadd" else set(MODADD_FLAGS)
+    inherited = {TASK.flag: name, "epochs": src["train"]["epochs"]}
+    for flag, (block, key) in FLAG_PLACES.items():
+        if flag not in skip and key in src[block]:
+            inherited[flag] = src[block][key]
+    if inherited.get("batch_size", 0) is None:
+        inherited["batch_size"] = 0  # the flag's spelling of full batch
+    return with_init(config_from_flags({**inherited, **given}), source)
+
+
+def default_run_dir(cfg: dict) -> Path:
+    """Where a run goes when no --out is given: ``runs/<task>-<settings>``."""
+    t, m = cfg["task"], cfg["model"]
+    if t["name"] == "modadd":
+        name = f"modadd-p{t['p']}-wd{cfg['train']['weight_decay']:g}-s{cfg['train']['seed']}"
+    else:
+        name = f"mpsp-{t['label']}-{t['shortcut']}-r{t['ratio']:g}-{m['n_layers']}L{m['n_heads']}H-s{cfg['train']['seed']}"
+    if cfg["train"].get("dtype", "float32") != "float32":
+        name += "-" + cfg["train"]["dtype"]
+    if cfg.get("init"):
+        name += f"-from{cfg['init']['epoch']}"
+    return Path("runs") / name
+
+
+def default_seeds_dir(given: dict) -> Path:
+    """Where ``--seeds`` runs go when no --out is given: the one-seed name without its seed, plus ``-seeds``."""
+    one = default_run_dir(config_from_flags(given))
+    return one.with_name(one.name.rsplit("-s", 1)[0] + "-seeds")

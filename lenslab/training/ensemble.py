@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,48 +35,39 @@ from torch import Tensor
 from tqdm import tqdm
 
 from lenslab.training.config import check_train
-from lenslab.training.errors import ConfigError, RunError, TrainingDiverged
+from lenslab.training.errors import ConfigError, TrainingDiverged
 from lenslab.training.gradients import gradient_dynamics
 from lenslab.training.presets import build_model
-from lenslab.training.runio import (
-    RESUME_FORMAT,
-    RunLock,
-    append_jsonl,
-    atomic_save_safetensors,
-    atomic_write_json,
-    carry_environment,
-    list_checkpoints,
-    load_run_splits,
-    read_jsonl,
-    rewrite_jsonl,
-    run_environment,
-    save_checkpoint,
-    save_splits,
-)
+from lenslab.training.runio import run_environment
 from lenslab.training.stacked import StackedTransformer, check_supported
 from lenslab.training.stacked_adamw import StackedAdamW
 from lenslab.training.trainer import (
-    EvalSchedule,
-    Interrupted,
-    _load_resume,
-    _postfix,
-    _prepare_dir,
-    _sigint_flag,
-    _summarize,
     check_dtype_device,
     deterministic_algorithms,
     epoch_generator,
+    eval_postfix,
     evaluate,
     make_splits,
     norm_diagnostics,
     resolve_device,
 )
+from lenslab.training.writer import Interrupted, RunWriter, resume_state, sigint_flag
 
 # members per stack in a sweep, from benchmarks/ensemble_speed.py on 2 cores (benchmarks/results_ensemble_speed_cpu.json):
 # with one process per core (sweep --workers, the default) E = 4 was best, 3.2x the plain TL loop.
 # `lenslab train --seeds` measures the size instead (lenslab/training/calibrate.py): it differs by machine.
 SWEEP_ENSEMBLE = 4
-SHARED_TRAIN = ("epochs", "betas", "batch_size", "eval_every", "ckpt_density", "grad_probe_size", "dtype", "eval_schedule", "n_evals")
+SHARED_TRAIN = (
+    "epochs",
+    "betas",
+    "batch_size",
+    "eval_every",
+    "ckpt_density",
+    "grad_probe_size",
+    "dtype",
+    "eval_schedule",
+    "n_evals",
+)
 PER_MEMBER = "the model seed, the task's ratio and data seed, lr and weight_decay (dtype and schedules are shared)"
 
 
@@ -86,16 +78,22 @@ def check_ensemble(configs: list[dict]) -> None:
     for c in configs:
         check_train(c)
         if c.get("init") is not None:
-            raise ConfigError("the ensemble engine starts every member from its seed's init; train a run with an 'init' (with_init, --init-from) on its own")
+            raise ConfigError(
+                "the ensemble engine starts every member from its seed's init; train a run with an 'init' (with_init, --init-from) on its own"
+            )
     first = configs[0]
     check_supported(first["model"])
     for i, c in enumerate(configs[1:], 1):
         if c["model"] != first["model"]:
             diff = sorted(k for k in set(c["model"]) | set(first["model"]) if c["model"].get(k) != first["model"].get(k))
-            raise ConfigError(f"ensemble member {i} has a different model ({', '.join(diff)}); members may differ only in {PER_MEMBER}")
+            raise ConfigError(
+                f"ensemble member {i} has a different model ({', '.join(diff)}); members may differ only in {PER_MEMBER}"
+            )
         for k in SHARED_TRAIN:
             if c["train"][k] != first["train"][k]:
-                raise ConfigError(f"ensemble member {i} has train.{k}={c['train'][k]!r}, member 0 {first['train'][k]!r}; members may differ only in {PER_MEMBER}")
+                raise ConfigError(
+                    f"ensemble member {i} has train.{k}={c['train'][k]!r}, member 0 {first['train'][k]!r}; members may differ only in {PER_MEMBER}"
+                )
         task_a = {k: v for k, v in c["task"].items() if k not in ("ratio", "seed")}
         task_b = {k: v for k, v in first["task"].items() if k not in ("ratio", "seed")}
         if task_a != task_b:
@@ -103,7 +101,7 @@ def check_ensemble(configs: list[dict]) -> None:
 
 
 def ensemble_step(
-    ens: StackedTransformer,
+    ens: Any,  # a StackedTransformer, or a wrapper with its call and .params (the GPU path's compiled engine)
     opt: StackedAdamW,
     tokens: Int[Tensor, "E n pos"],
     labels: Int[Tensor, "E n"],
@@ -125,26 +123,19 @@ def ensemble_step(
     return loss_e.detach()
 
 
-def _resume_tensors(stack: StackedTransformer, opt: StackedAdamW, e: int) -> dict[str, torch.Tensor]:
-    """Member ``e``'s resume state in the single-seed trainer's format (``model.*``, ``optim.i.*``)."""
-    tensors = {f"model.{k}": v for k, v in stack.member_state_dict(e).items()}
-    for i, state in opt.member_state(e).items():
-        for key, val in state.items():
-            tensors[f"optim.{i}.{key}"] = val
-    return tensors
-
-
 class _Member:
-    """One member's run directory, splits, metrics rows and epoch counter."""
+    """One member: its run writer (directory, metrics rows), splits and epoch counter."""
 
-    def __init__(self, config: dict, out: Path, resuming: bool):
-        self.config, self.out, self.resuming = config, out, resuming
-        self.rows: list[dict] = []
+    def __init__(self, config: dict, out: Path, resume: bool):
+        self.config, self.writer = config, RunWriter(out, config, resume)
+        self.out, self.resuming = self.writer.out, self.writer.resuming
         self.epoch = 0
         self.diverged_at: int | None = None
-        self.summary: dict = {}
-        self.env: dict = {}
-        self.splits: dict[str, torch.Tensor] = {}
+        self.splits: dict[str, torch.Tensor] | None = None  # a new member's, until the writer opens (then every member's)
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.writer.rows
 
 
 def train_ensemble(
@@ -170,7 +161,7 @@ def train_ensemble(
         raise ConfigError("two ensemble members write to the same directory: give each its own --out")
     dev = resolve_device(device)
     check_dtype_device(configs[0]["train"]["dtype"], dev)
-    members = [_Member(c, p, _prepare_dir(p, c, resume)) for c, p in zip(configs, paths)]
+    members = [_Member(c, p, resume) for c, p in zip(configs, paths)]
     cache: dict[str, dict] = {}
     for m in members:  # bad sizes fail before anything is written
         if not m.resuming:
@@ -180,31 +171,18 @@ def train_ensemble(
             m.splits = cache[key]
     with ExitStack() as stack_ctx:
         for m in members:
-            m.out.mkdir(parents=True, exist_ok=True)
-            stack_ctx.enter_context(RunLock(m.out))
+            stack_ctx.enter_context(m.writer)
         t0 = configs[0]["train"]
+        env = run_environment(dev)
         models = []
         states = []
         for m in members:
-            mk = m.config["model"]
-            if m.resuming:
-                m.splits = load_run_splits(m.out, mk)
-            else:
-                save_splits(m.out, m.splits)
-            model = build_model(mk, seed=m.config["train"]["seed"], device=str(dev), dtype=m.config["train"]["dtype"])
-            opt = torch.optim.AdamW(model.parameters(), lr=m.config["train"]["lr"])
-            start = _load_resume(m.out, model, opt) if m.resuming else None
-            if start is not None and start > t0["epochs"]:
-                raise RunError(f"{m.out} has already trained {start} epochs; --epochs is the total and must be >= {start}")
-            atomic_write_json(m.out / "config.json", m.config)
-            rows = read_jsonl(m.out / "metrics.jsonl")
-            if start is None:
-                start, rows = 0, []
-                for _, p in list_checkpoints(m.out):
-                    p.unlink()
-            m.rows = [r for r in rows if r["epoch"] <= start]
-            rewrite_jsonl(m.out / "metrics.jsonl", m.rows)
-            m.epoch = start
+            model = build_model(
+                m.config["model"], seed=m.config["train"]["seed"], device=str(dev), dtype=m.config["train"]["dtype"]
+            )
+            opt = torch.optim.AdamW(model.parameters(), lr=m.config["train"]["lr"])  # holds the resume state for StackedAdamW
+            m.splits = m.writer.open(model, opt, m.splits, dev, env)
+            m.epoch = m.writer.start
             models.append(model)
             states.append(opt.state_dict()["state"])
         ens = StackedTransformer.from_models(models).to(dev)
@@ -222,13 +200,8 @@ def train_ensemble(
 
 def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, template, dev, progress, on_eval) -> list[dict]:
     t = members[0].config["train"]
-    env = run_environment(dev)
-    for m in members:
-        m.env, note = carry_environment(m.out, env, m.epoch)
-        if note is not None:
-            print(note, file=sys.stderr)
     epochs, bs_cfg = t["epochs"], t["batch_size"]
-    schedule = EvalSchedule.of(t)
+    schedule = members[0].writer.schedule  # shared by all members (SHARED_TRAIN)
     last_grads: list[Tensor] = []  # the last step's stacked gradients, for each member's grad_norm
     E = len(members)
     tokens = torch.stack([m.splits["train_tokens"] for m in members]).to(dev)  # [E, n, pos]
@@ -237,29 +210,33 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
     bs = bs_cfg or n
     dev_splits = [{k: v.to(dev) for k, v in m.splits.items()} for m in members]
     consistent = [
-        (m.splits["train_labels"] == m.splits["train_shortcut"]).to(dev) if "train_shortcut" in m.splits else None for m in members
+        (m.splits["train_labels"] == m.splits["train_shortcut"]).to(dev) if "train_shortcut" in m.splits else None
+        for m in members
     ]
+
+    def state(e: int) -> dict[str, Tensor]:
+        """Member ``e``'s resume state in the single-seed trainer's format."""
+        return resume_state(ens.member_state_dict(e), opt.member_state(e))
 
     def do_eval(e: int) -> None:
         m = members[e]
         template.load_state_dict(ens.member_state_dict(e))
         grads = [g[e] for g in last_grads] if last_grads else None
-        row = {"epoch": m.epoch, **evaluate(template, dev_splits[e], dev), **norm_diagnostics(list(template.named_parameters()), grads)}
+        row = {
+            "epoch": m.epoch,
+            **evaluate(template, dev_splits[e], dev),
+            **norm_diagnostics(list(template.named_parameters()), grads),
+        }
         if consistent[e] is not None:
-            row.update(gradient_dynamics(template, dev_splits[e]["train_tokens"], dev_splits[e]["train_labels"], consistent[e], t["grad_probe_size"]))
-        m.rows.append(row)
-        append_jsonl(m.out / "metrics.jsonl", row)
-        if schedule.checkpoints(m.epoch):
-            save_checkpoint(m.out, m.epoch, template, m.config["model"])
-        save_resume(e)
-        atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "running", m.env))
+            row.update(
+                gradient_dynamics(
+                    template, dev_splits[e]["train_tokens"], dev_splits[e]["train_labels"], consistent[e], t["grad_probe_size"]
+                )
+            )
+        m.writer.log_eval(row)
+        m.writer.checkpoint(m.epoch, template, state(e))
         if on_eval is not None:
             on_eval(e, row)
-
-    def save_resume(e: int) -> None:
-        atomic_save_safetensors(
-            members[e].out / "checkpoints" / "resume.safetensors", _resume_tensors(ens, opt, e), {"format": RESUME_FORMAT, "epoch": str(members[e].epoch)}
-        )
 
     def running(m: _Member) -> bool:
         return m.epoch < epochs and m.diverged_at is None
@@ -268,14 +245,19 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
     bar = tqdm(total=epochs, initial=low, desc=f"ensemble of {E}", file=sys.stderr, disable=not progress, dynamic_ncols=True)
     ens.train()
     try:
-        with _sigint_flag() as sigint, deterministic_algorithms():
+        with sigint_flag() as sigint, deterministic_algorithms():
             for e, m in enumerate(members):
-                if schedule.evaluates(m.epoch) and (not m.rows or m.rows[-1]["epoch"] != m.epoch):
+                if m.writer.pending_eval(m.epoch):
                     do_eval(e)  # epoch 0, or an evaluation a kill cut off
             while any(running(m) for m in members):
                 active = [running(m) for m in members]
                 perm = torch.stack(
-                    [torch.randperm(n, generator=epoch_generator(m.config["train"]["seed"], m.epoch + 1)) if a else torch.arange(n) for m, a in zip(members, active)]
+                    [
+                        torch.randperm(n, generator=epoch_generator(m.config["train"]["seed"], m.epoch + 1))
+                        if a
+                        else torch.arange(n)
+                        for m, a in zip(members, active)
+                    ]
                 ).to(dev)
                 loss_sum = torch.zeros(E, device=dev, dtype=ens.params[0].dtype)
                 for s in range(0, n, bs):
@@ -287,31 +269,32 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
                     m.epoch += 1
                     if not finite[e]:
                         m.diverged_at = m.epoch
-                        last = m.rows[-1]["epoch"] if m.rows else 0
-                        m.summary = _summarize(m.config, m.rows, last, "diverged", m.env)
-                        atomic_write_json(m.out / "summary.json", m.summary)
+                        m.writer.diverged()
                     elif schedule.evaluates(m.epoch):
                         do_eval(e)
-                new_low = min(m.epoch for m in members if m.diverged_at is None) if any(m.diverged_at is None for m in members) else epochs
+                new_low = (
+                    min(m.epoch for m in members if m.diverged_at is None)
+                    if any(m.diverged_at is None for m in members)
+                    else epochs
+                )
                 bar.update(new_low - low)
                 low = new_low
                 bar.set_postfix_str(_ensemble_postfix(members), refresh=False)
                 if sigint["hit"] and any(running(m) for m in members):
                     for e, m in enumerate(members):
                         if running(m):
-                            if m.rows[-1]["epoch"] != m.epoch:
-                                save_resume(e)
-                            atomic_write_json(m.out / "summary.json", _summarize(m.config, m.rows, m.epoch, "interrupted", m.env))
+                            m.writer.interrupted(m.epoch, state(e))
                     where = members[0].out.parent
-                    raise Interrupted(f"interrupted at epoch {low}; all {E} members saved. Continue with: lenslab train ... --out {where} --resume")
+                    raise Interrupted(
+                        f"interrupted at epoch {low}; all {E} members saved. Continue with: lenslab train ... --out {where} --resume"
+                    )
     finally:
         bar.close()
     summaries = []
     for m in members:
         if m.diverged_at is None:
-            m.summary = _summarize(m.config, m.rows, epochs, "complete", m.env)
-            atomic_write_json(m.out / "summary.json", m.summary)
-        summaries.append(m.summary)
+            m.writer.finish()
+        summaries.append(m.writer.summary)
     bad = [m for m in members if m.diverged_at is not None]
     if bad:
         names = ", ".join(f"{m.out} (epoch {m.diverged_at})" for m in bad[:4])
@@ -331,4 +314,4 @@ def _ensemble_postfix(members: list[_Member]) -> str:
         val = sum(r["validation_acc"] for r in rows) / len(rows)
         adv = sum(r["adv_acc"] for r in rows) / len(rows)
         return f"generalized {gen}/{len(members)}  mean val {val:.3f} adv {adv:.3f}"
-    return _postfix(rows[0])
+    return eval_postfix(rows[0])

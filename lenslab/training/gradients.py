@@ -22,9 +22,19 @@ from torch.func import functional_call, grad, vmap
 from transformer_lens import HookedTransformer
 
 
-def readout_logits(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> Tensor:
-    """Logits at the last (readout) position: [batch, d_vocab_out]."""
-    return model(tokens, return_type="logits")[:, -1, :]
+def readout_logits(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], batch_size: int | None = None) -> Tensor:
+    """Logits at the last (readout) position: [batch, d_vocab_out].
+
+    ``batch_size=None``: one forward pass, gradients flow as the caller's context allows (training).
+    ``batch_size=n``: in chunks of ``n`` examples without gradients (evaluation of a whole split).
+    The one definition in lenslab (``interp.common`` re-exports it).
+    """
+    if batch_size is None:
+        return model(tokens, return_type="logits")[:, -1, :]
+    with torch.no_grad():
+        return torch.cat(
+            [model(tokens[i : i + batch_size], return_type="logits")[:, -1, :] for i in range(0, len(tokens), batch_size)]
+        )
 
 
 def _flat_grad(model: HookedTransformer, tokens: Tensor, labels: Tensor, chunk: int = 4096) -> Tensor:

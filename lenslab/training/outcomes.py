@@ -115,7 +115,9 @@ def modadd_outcome(run) -> dict:
     after = [r for r in rows if grok is not None and r["epoch"] >= grok]
     low = min(after, key=lambda r: r["test_acc"]) if after else None
     anti = low is not None and low["test_acc"] <= best["test_acc"] - ANTI_DROP
-    outcome = "anti-grokked" if anti else "grokked" if grok is not None else ("memorized" if last["train_acc"] == 1.0 else "training")
+    outcome = (
+        "anti-grokked" if anti else "grokked" if grok is not None else ("memorized" if last["train_acc"] == 1.0 else "training")
+    )
     return {
         "epochs": last["epoch"],
         "train_acc_final": last["train_acc"],

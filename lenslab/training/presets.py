@@ -20,65 +20,74 @@ initial weights inside ``torch.random.fork_rng``.
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from lenslab.tasks import ModAddTask, MPSPTask
 from lenslab.training.errors import ConfigError
+from lenslab.training.spec import DTYPE_NAMES, ModelSpec, check_field, params
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}  # the precisions lenslab trains in (training.config.DTYPES)
-
-
-def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ConfigError(f"{name}={value!r} must be an integer in [{lo}, {hi}]")
-    return value
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # the precisions lenslab trains in (training.spec.DTYPE_NAMES)
+_MODEL = params(ModelSpec)
 
 
-def mpsp_model_config(task: MPSPTask, n_layers: int = 2, n_heads: int = 2, d_model: int = 64, d_mlp: int = 128) -> dict:
-    """Keyword arguments for ``HookedTransformerConfig`` of a paper-1 model on ``task``."""
-    _check_int("layers", n_layers, 1, 64)
-    _check_int("heads", n_heads, 1, 64)
-    _check_int("d_model", d_model, 1, 8192)
-    _check_int("d_mlp", d_mlp, 1, 65536)
+def torch_dtype(train: dict) -> torch.dtype:
+    """The torch dtype of a ``config["train"]`` block (a block without ``dtype`` is an older float32 run)."""
+    name = train.get("dtype", "float32")
+    if name not in DTYPES:
+        raise ConfigError(f"dtype={name!r} is not supported: use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def mpsp_model_config(
+    task: MPSPTask,
+    n_layers: int = _MODEL["n_layers"].default,
+    n_heads: int = _MODEL["n_heads"].default,
+    d_model: int = _MODEL["d_model"].default,
+    d_mlp: int = _MODEL["d_mlp"].default,
+) -> dict:
+    """Keyword arguments for ``HookedTransformerConfig`` of a paper-1 model on ``task`` (bounds: ``spec.ModelSpec``)."""
+    check_field(ModelSpec, "n_layers", n_layers, "layers")
+    check_field(ModelSpec, "n_heads", n_heads, "heads")
+    check_field(ModelSpec, "d_model", d_model)
+    check_field(ModelSpec, "d_mlp", d_mlp)
     if d_model % n_heads:
         raise ConfigError(f"d_model={d_model} is not divisible by heads={n_heads}: pick heads that divide it")
-    return dict(
-        n_layers=n_layers,
-        d_model=d_model,
-        n_heads=n_heads,
-        d_head=d_model // n_heads,
-        d_mlp=d_mlp,
-        d_vocab=task.d_vocab,
-        d_vocab_out=task.k,
-        n_ctx=task.n_ctx,
-        act_fn="relu",
-        normalization_type="LN",
-        positional_embedding_type="standard",
-        attn_only=False,
-        default_prepend_bos=False,
-    )
+    return {
+        "n_layers": n_layers,
+        "d_model": d_model,
+        "n_heads": n_heads,
+        "d_head": d_model // n_heads,
+        "d_mlp": d_mlp,
+        "d_vocab": task.d_vocab,
+        "d_vocab_out": task.k,
+        "n_ctx": task.n_ctx,
+        "act_fn": "relu",
+        "normalization_type": "LN",
+        "positional_embedding_type": "standard",
+        "attn_only": False,
+        "default_prepend_bos": False,
+    }
 
 
 def modadd_model_config(task: ModAddTask) -> dict:
     """The TransformerLens grokking-demo model for ``task`` (no LayerNorm)."""
-    return dict(
-        n_layers=1,
-        d_model=128,
-        n_heads=4,
-        d_head=32,
-        d_mlp=512,
-        d_vocab=task.d_vocab,
-        d_vocab_out=task.d_vocab_out,
-        n_ctx=task.n_ctx,
-        act_fn="relu",
-        normalization_type=None,
-        positional_embedding_type="standard",
-        attn_only=False,
-        default_prepend_bos=False,
-    )
+    return {
+        "n_layers": 1,
+        "d_model": 128,
+        "n_heads": 4,
+        "d_head": 32,
+        "d_mlp": 512,
+        "d_vocab": task.d_vocab,
+        "d_vocab_out": task.d_vocab_out,
+        "n_ctx": task.n_ctx,
+        "act_fn": "relu",
+        "normalization_type": None,
+        "positional_embedding_type": "standard",
+        "attn_only": False,
+        "default_prepend_bos": False,
+    }
 
 
 def hooked_config(model_kwargs: dict, device: str | None = None) -> HookedTransformerConfig:

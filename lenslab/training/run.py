@@ -1,15 +1,14 @@
 """Open a run directory (or one checkpoint inside it) as HookedTransformers plus their splits.
 
-    run = Run.open("runs/demo")          # or Run.open("runs/demo/checkpoints/40.safetensors")
-    model = run.model()                  # last checkpoint (or the one the path named)
-    for epoch, model in run.iter_models():   # every checkpoint (or epochs=[...]), one model object reused
-        ...
-    run.splits["adv_tokens"], run.metrics, run.summary
+run = Run.open("runs/demo")          # or Run.open("runs/demo/checkpoints/40.safetensors")
+model = run.model()                  # last checkpoint (or the one the path named)
+for epoch, model in run.iter_models():   # every checkpoint (or epochs=[...]), one model object reused
+    ...
+run.splits["adv_tokens"], run.metrics, run.summary
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +17,8 @@ import torch
 from transformer_lens import HookedTransformer
 
 from lenslab.tasks import ModAddTask, MPSPTask
-from lenslab.training.config import torch_dtype
 from lenslab.training.errors import RunError
-from lenslab.training.presets import build_model
+from lenslab.training.presets import build_model, torch_dtype
 from lenslab.training.runio import (
     CKPT_RE,
     list_checkpoints,
@@ -28,6 +26,7 @@ from lenslab.training.runio import (
     load_run_splits,
     read_config,
     read_jsonl,
+    read_summary,
     refuse_pickle,
 )
 
@@ -98,13 +97,7 @@ class Run:
 
     @property
     def summary(self) -> dict | None:
-        p = self.path / "summary.json"
-        if not p.is_file():
-            return None
-        try:
-            return json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise RunError(f"{p}: not valid JSON ({e})") from None
+        return read_summary(self.path)
 
     def checkpoints(self) -> list[tuple[int, Path]]:
         return list_checkpoints(self.path)

@@ -10,7 +10,7 @@ Layout (the contract every tool reads; the README's "Run directory" section)::
     RUN/summary.json         generalized?, first epoch at 100 % adv accuracy, final metrics, environment
 
 Nothing here unpickles: checkpoints and splits are safetensors, configs are JSON checked
-against a schema (``check_config``), and a pickle given in their place is refused (``refuse_pickle``).
+against a schema (``check_config``, from ``training.spec``), and a pickle given in their place is refused (``refuse_pickle``).
 """
 
 from __future__ import annotations
@@ -31,15 +31,27 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
-from lenslab.training.errors import ConfigError, RunError
+from lenslab.training.errors import RunError
+from lenslab.training.spec import (  # noqa: F401 (the config schema, re-exported for runio's importers)
+    CONFIG_KEYS,
+    INIT_KEYS,
+    MAX_MODEL_BYTES,
+    MODEL_CHOICES,
+    MODEL_KEYS,
+    MODEL_LIMITS,
+    OPTIONAL_CONFIG_KEYS,
+    RUN_FORMAT,
+    check_config,
+    check_init_block,
+    check_model_kwargs,
+    model_bytes,
+)
 
-RUN_FORMAT = "lenslab-run/1"
 CKPT_FORMAT = "lenslab-checkpoint/1"
 RESUME_FORMAT = "lenslab-resume/1"
 CKPT_RE = re.compile(r"^(\d+)\.safetensors$")
 PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"}
 MAX_CONFIG_BYTES = 1 << 20
-MAX_MODEL_BYTES = 1 << 33  # 8 GiB of weights and buffers: refused before anything is built
 TMP_SUFFIX = ".tmp"
 
 
@@ -136,6 +148,27 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
+def read_summary(run_dir: str | Path, strict: bool = True) -> dict | None:
+    """``RUN/summary.json`` (the one reader of it): None when the run has none yet.
+
+    ``strict``: a file that is not valid JSON is one ``RunError``. Not strict (progress polls, tables
+    over many members, a resume): an unreadable, invalid or non-object summary reads as None.
+    """
+    path = Path(run_dir) / "summary.json"
+    if not strict:
+        try:
+            s = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return s if isinstance(s, dict) else None
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RunError(f"{path}: not valid JSON ({e})") from None
+
+
 def rewrite_jsonl(path: str | Path, rows: list[dict]) -> None:
     atomic_write_bytes(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in rows).encode())
 
@@ -158,7 +191,7 @@ def read_json(path: str | Path, what: str = "JSON file", max_bytes: int = MAX_CO
 # -- refusing pickles ------------------------------------------------------------------
 def _convert_hint(path: Path) -> str:
     return (
-        "if you trust it, convert it once with: python -c \"import torch, safetensors.torch as st; "
+        'if you trust it, convert it once with: python -c "import torch, safetensors.torch as st; '
         f"st.save_file(torch.load('{path.name}', weights_only=True), '{path.stem}.safetensors')\""
     )
 
@@ -184,9 +217,13 @@ def refuse_pickle(path: str | Path) -> None:
     """Raise a ``RunError`` saying why and how to convert, if ``path`` is a pickle (by name or content)."""
     path = Path(path)
     if path.suffix.lower() in PICKLE_SUFFIXES:
-        raise RunError(f"{path}: refusing to load a {path.suffix} (pickle) file: unpickling can run arbitrary code; {_convert_hint(path)}")
+        raise RunError(
+            f"{path}: refusing to load a {path.suffix} (pickle) file: unpickling can run arbitrary code; {_convert_hint(path)}"
+        )
     if path.is_file() and _looks_like_pickle(path):
-        raise RunError(f"{path}: this is a pickle/zip (torch.save) file, not safetensors; lenslab never unpickles; {_convert_hint(path)}")
+        raise RunError(
+            f"{path}: this is a pickle/zip (torch.save) file, not safetensors; lenslab never unpickles; {_convert_hint(path)}"
+        )
 
 
 def refuse_pickle_inputs(*paths: str | Path | None) -> None:
@@ -208,8 +245,16 @@ def refuse_pickle_inputs(*paths: str | Path | None) -> None:
 
 # -- safetensors reading with clear errors ---------------------------------------------
 DTYPE_NAMES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
 }
 Layout = dict[str, tuple[str, tuple[int, ...]]]  # tensor name -> (safetensors dtype, shape)
 
@@ -246,138 +291,13 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
 
 
 # -- config ----------------------------------------------------------------------------
-MODEL_LIMITS = {  # generous bounds, checked before anything is allocated
-    "n_layers": (1, 64),
-    "d_model": (1, 8192),
-    "n_heads": (1, 128),
-    "d_head": (1, 8192),
-    "d_mlp": (1, 65536),
-    "d_vocab": (2, 1 << 20),
-    "d_vocab_out": (2, 1 << 20),
-    "n_ctx": (1, 1 << 16),
-}
-MODEL_CHOICES = {  # optional fields: (HookedTransformerConfig's default, the values lenslab builds)
-    "act_fn": ("relu", ("relu", "gelu", "gelu_new", "silu", "solu_ln")),
-    "normalization_type": ("LN", (None, "LN", "LNPre")),
-    "positional_embedding_type": ("standard", ("standard", "shortformer")),
-    "attn_only": (False, (False, True)),
-    "default_prepend_bos": (True, (False, True)),
-}
-MODEL_KEYS = set(MODEL_LIMITS) | set(MODEL_CHOICES)
-CONFIG_KEYS = {"format", "lenslab_version", "task", "model", "train"}
-OPTIONAL_CONFIG_KEYS = {"init"}  # present only in runs that start from another run's weights
-INIT_KEYS = {"from", "epoch", "sha256"}
-
-
-def model_bytes(model: dict) -> int:
-    """An upper bound on what ``HookedTransformer(config)`` allocates: float32 weights plus the causal masks."""
-    d, L, h, dh, ctx = model["d_model"], model["n_layers"], model["n_heads"], model["d_head"], model["n_ctx"]
-    mlp = 0 if model.get("attn_only") else 2 * d * model["d_mlp"] + model["d_mlp"] + d
-    per_layer = 4 * h * d * dh + 3 * h * dh + d + mlp + 4 * d
-    params = model["d_vocab"] * d + ctx * d + L * per_layer + 2 * d + (d + 1) * model["d_vocab_out"]
-    return 4 * params + L * ctx * ctx  # masks: one [n_ctx, n_ctx] bool buffer per layer
-
-
-def check_model_kwargs(model: Any, where: str = "config.json") -> dict:
-    """Validate the ``"model"`` block before building anything (no huge allocations)."""
-    if not isinstance(model, dict):
-        raise ConfigError(f"{where}: 'model' must be an object of HookedTransformerConfig fields")
-    unknown = set(model) - MODEL_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown model field(s) {sorted(unknown)}; allowed: {sorted(MODEL_KEYS)}")
-    for key, (lo, hi) in MODEL_LIMITS.items():
-        if key not in model:
-            raise ConfigError(f"{where}: model field {key!r} is missing")
-        v = model[key]
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise ConfigError(f"{where}: model.{key}={v!r} must be an integer in [{lo}, {hi}]")
-    for key, (default, allowed) in MODEL_CHOICES.items():
-        v = model.get(key, default)
-        if not any(type(v) is type(a) and v == a for a in allowed):  # exact types: 1 is not True, 0.0 is not False
-            raise ConfigError(f"{where}: model.{key}={v!r} is not supported; use one of {list(allowed)}")
-    need = model_bytes(model)
-    if need > MAX_MODEL_BYTES:
-        raise ConfigError(f"{where}: the model would take ~{need / 2**30:.1f} GiB (weights and attention masks); refusing to allocate it (limit {MAX_MODEL_BYTES / 2**30:.0f} GiB)")
-    return model
+# The schema (fields, bounds, choices) lives in training.spec; these names delegate to it.
+# (imported above: MODEL_KEYS, MODEL_LIMITS, MODEL_CHOICES, CONFIG_KEYS, OPTIONAL_CONFIG_KEYS, INIT_KEYS,
+#  model_bytes, check_model_kwargs, check_config, check_init_block)
 
 
 def model_hash(model: dict) -> str:
     return hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _known_blocks(task_name: str) -> tuple[set[str], set[str]]:
-    """The task and train fields a config of ``task_name`` has: those the config builders write."""
-    from lenslab.training.config import modadd_run_config, mpsp_run_config
-
-    ref = mpsp_run_config() if task_name == "mpsp" else modadd_run_config()
-    return set(ref["task"]), set(ref["train"])
-
-
-def check_config(cfg: Any, where: str = "config.json") -> dict:
-    """Schema check of a whole run config (fields, types, bounds) before anything is built.
-
-    Train settings added after a run was written (``training.config.LEGACY_TRAIN``: dtype,
-    eval_schedule, n_evals) are filled in, in place, with the values that run trained with.
-    """
-    from lenslab.tasks.errors import LenslabError
-    from lenslab.training.config import check_train
-    from lenslab.training.run import task_from_config
-
-    if not isinstance(cfg, dict):
-        raise RunError(f"{where}: expected a JSON object")
-    if cfg.get("format") != RUN_FORMAT:
-        raise RunError(f"{where}: format {cfg.get('format')!r} is not {RUN_FORMAT!r}; not a lenslab run")
-    unknown = sorted(set(cfg) - CONFIG_KEYS - OPTIONAL_CONFIG_KEYS)
-    if unknown:
-        raise RunError(f"{where}: unknown top-level field(s) {unknown}; a run config has {sorted(CONFIG_KEYS)} (and optionally {sorted(OPTIONAL_CONFIG_KEYS)})")
-    if "init" in cfg:
-        check_init_block(cfg["init"], where)
-    for key in ("task", "model", "train"):
-        if not isinstance(cfg.get(key), dict):
-            raise RunError(f"{where}: missing or malformed {key!r} block")
-    check_model_kwargs(cfg["model"], where)
-    name = cfg["task"].get("name")
-    if name not in ("mpsp", "modadd"):
-        raise RunError(f"{where}: task.name={name!r} must be 'mpsp' or 'modadd'")
-    from lenslab.training.config import LEGACY_TRAIN
-
-    for key, value in LEGACY_TRAIN.items():  # a run written before the key existed trained with this value
-        cfg["train"].setdefault(key, value)
-    for block, known in zip(("task", "train"), _known_blocks(name)):
-        missing, extra = sorted(known - set(cfg[block])), sorted(set(cfg[block]) - known)
-        if missing or extra:
-            raise RunError(f"{where}: {block} block: missing {missing}, unknown {extra}; expected exactly {sorted(known)}")
-    task = cfg["task"]
-    if name == "mpsp":  # bound the sequence space before MPSPTask computes n_values**seq_len
-        for key, hi in (("seq_len", 64), ("n_values", 1 << 20)):
-            v = task[key]
-            if isinstance(v, bool) or not isinstance(v, int) or not 2 <= v <= hi:
-                raise RunError(f"{where}: task.{key}={v!r} must be an integer in [2, {hi}]")
-    seed = task["seed"]
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise RunError(f"{where}: task.seed={seed!r} must be an integer in [0, 2**63)")
-    try:
-        task_from_config(task)
-        if name == "mpsp":
-            from lenslab.tasks.splits import check_ratio
-
-            check_ratio(task["ratio"])
-        check_train(cfg)
-    except LenslabError as e:
-        raise RunError(f"{where}: {e}") from None
-    return cfg
-
-
-def check_init_block(init: Any, where: str = "config.json") -> dict:
-    """``{"from": checkpoint path, "epoch": int, "sha256": hex}``: the weights a run starts from."""
-    ok = (
-        isinstance(init, dict) and set(init) == INIT_KEYS and isinstance(init["from"], str) and init["from"]
-        and isinstance(init["epoch"], int) and not isinstance(init["epoch"], bool) and init["epoch"] >= 0
-        and isinstance(init["sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", init["sha256"]) is not None
-    )
-    if not ok:
-        raise RunError(f"{where}: malformed 'init' block {init!r}; expected {{'from': checkpoint path, 'epoch': int, 'sha256': 64 hex digits}}")
-    return init
 
 
 def file_sha256(path: str | Path) -> str:
@@ -434,11 +354,17 @@ def check_layout(layout: Layout, model: torch.nn.Module, where: str) -> None:
     for k, v in expected.items():
         dtype, shape = layout[k]
         if shape != tuple(v.shape):
-            raise RunError(f"{where}: {k} has shape {shape}, the config expects {tuple(v.shape)}: a checkpoint from a different config")
+            raise RunError(
+                f"{where}: {k} has shape {shape}, the config expects {tuple(v.shape)}: a checkpoint from a different config"
+            )
         if dtype != DTYPE_NAMES.get(v.dtype):
             raise RunError(
                 f"{where}: {k} has dtype {dtype}, expected {DTYPE_NAMES.get(v.dtype, v.dtype)}"
-                + (" (the run's config.json train.dtype); the checkpoint was written in another precision" if v.dtype.is_floating_point else "")
+                + (
+                    " (the run's config.json train.dtype); the checkpoint was written in another precision"
+                    if v.dtype.is_floating_point
+                    else ""
+                )
             )
 
 
@@ -450,7 +376,9 @@ def check_state_dict(state: dict[str, torch.Tensor], model: torch.nn.Module, whe
             raise RunError(f"{where}: {name} contains NaN or inf")
 
 
-def load_checkpoint_into(model: torch.nn.Module, path: str | Path, model_kwargs: dict | None = None, cast: bool = False) -> dict[str, str]:
+def load_checkpoint_into(
+    model: torch.nn.Module, path: str | Path, model_kwargs: dict | None = None, cast: bool = False
+) -> dict[str, str]:
     """Load a model checkpoint into ``model`` after checking it (layout before reading any data); returns its metadata.
 
     The checkpoint's float tensors must have ``model``'s dtype (build the model with the run's
@@ -462,13 +390,17 @@ def load_checkpoint_into(model: torch.nn.Module, path: str | Path, model_kwargs:
     if fmt not in (CKPT_FORMAT, RESUME_FORMAT, None):
         raise RunError(f"{path}: format {fmt!r} is not a lenslab checkpoint")
     if model_kwargs is not None and meta.get("model_hash") not in (None, model_hash(model_kwargs)):
-        raise RunError(f"{path}: checkpoint was written for a different model config (hash {meta['model_hash']} != {model_hash(model_kwargs)})")
+        raise RunError(
+            f"{path}: checkpoint was written for a different model config (hash {meta['model_hash']} != {model_hash(model_kwargs)})"
+        )
     prefix = "model." if fmt == RESUME_FORMAT else ""
     layout = {k[len(prefix) :]: v for k, v in layout.items() if k.startswith(prefix)}
     want = {k: DTYPE_NAMES.get(v.dtype) for k, v in model.state_dict().items()}
     floats = {n for d, n in DTYPE_NAMES.items() if d.is_floating_point}
     if cast:
-        layout = {k: (want[k] if k in want and d in floats and want[k] in floats else d, shape) for k, (d, shape) in layout.items()}
+        layout = {
+            k: (want[k] if k in want and d in floats and want[k] in floats else d, shape) for k, (d, shape) in layout.items()
+        }
     check_layout(layout, model, str(path))
     tensors, _ = read_safetensors(path)
     tensors = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
@@ -503,10 +435,14 @@ def _check_split_layout(path: Path, layout: Layout, n_ctx: int | None) -> None:
     for split, parts in splits.items():
         tok = parts.get("tokens")
         if tok is None or len(tok) != 2 or tok[0] < 1 or (n_ctx is not None and tok[1] != n_ctx):
-            raise RunError(f"{path}: {split}_tokens has shape {tok}, expected [n >= 1, {n_ctx if n_ctx is not None else 'n_ctx'}]")
+            raise RunError(
+                f"{path}: {split}_tokens has shape {tok}, expected [n >= 1, {n_ctx if n_ctx is not None else 'n_ctx'}]"
+            )
         for part in ("labels", "shortcut"):
             if (part in parts or part == "labels") and parts.get(part) != (tok[0],):
-                raise RunError(f"{path}: {split}_{part} has shape {parts.get(part)}, expected [{tok[0]}] (one per {split} sequence)")
+                raise RunError(
+                    f"{path}: {split}_{part} has shape {parts.get(part)}, expected [{tok[0]}] (one per {split} sequence)"
+                )
 
 
 def load_splits(
@@ -577,19 +513,20 @@ def carry_environment(run_dir: str | Path, env: dict, start: int) -> tuple[dict,
     """
     if start <= 0:
         return env, None
-    try:
-        old = json.loads((Path(run_dir) / "summary.json").read_text()).get("environment")
-    except (OSError, ValueError, AttributeError):
-        old = None
+    old = (read_summary(run_dir, strict=False) or {}).get("environment")
     if not isinstance(old, dict):
         return env, None
     earlier = old.get("earlier", [])
     before = {k: v for k, v in old.items() if k != "earlier"}
     if before == env:
         return ({**env, "earlier": earlier} if earlier else env), None
-    changed = ", ".join(f"{k} {before.get(k)!r} -> {env.get(k)!r}" for k in sorted(set(before) | set(env)) if before.get(k) != env.get(k))
-    note = (f"note: {run_dir} trained its first {start} epochs elsewhere ({changed}); "
-            "from here on it may differ from a run that never moved")
+    changed = ", ".join(
+        f"{k} {before.get(k)!r} -> {env.get(k)!r}" for k in sorted(set(before) | set(env)) if before.get(k) != env.get(k)
+    )
+    note = (
+        f"note: {run_dir} trained its first {start} epochs elsewhere ({changed}); "
+        "from here on it may differ from a run that never moved"
+    )
     return {**env, "earlier": [*earlier, {**before, "until_epoch": start}]}, note
 
 
@@ -641,7 +578,9 @@ class RunLock:
                 owner = os.pread(fd, 200, 0).decode(errors="replace").split()
                 os.close(fd)
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise RunError(f"{self.path}: cannot lock the run directory ({e.strerror}); use a local file system") from None
+                    raise RunError(
+                        f"{self.path}: cannot lock the run directory ({e.strerror}); use a local file system"
+                    ) from None
                 host, pid = (owner + ["?", "?"])[:2]
                 raise RunError(
                     f"{self.path.parent}: another lenslab process (pid {pid} on {host}) is writing this run; "
@@ -667,7 +606,7 @@ class RunLock:
             os.close(self.fd)
             self.fd = None
 
-    def __enter__(self) -> RunLock:
+    def __enter__(self) -> RunLock:  # noqa: PYI034  (typing.Self needs Python 3.11; beartype rejects it outside a decorated class)
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

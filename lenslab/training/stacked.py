@@ -32,16 +32,20 @@ from transformer_lens import HookedTransformer
 
 from lenslab.training.errors import ConfigError
 
-SUPPORTED = dict(act_fn="relu", positional_embedding_type="standard", attn_only=False)
+SUPPORTED = {"act_fn": "relu", "positional_embedding_type": "standard", "attn_only": False}
 
 
 def check_supported(model_kwargs: dict) -> None:
     """Refuse configs whose math the stacked forward does not implement."""
     for key, want in SUPPORTED.items():
         if model_kwargs.get(key, want) != want:
-            raise ConfigError(f"the ensemble engine implements {key}={want!r} only, got {model_kwargs[key]!r}: train this model with the single-seed trainer")
+            raise ConfigError(
+                f"the ensemble engine implements {key}={want!r} only, got {model_kwargs[key]!r}: train this model with the single-seed trainer"
+            )
     if model_kwargs.get("normalization_type") not in (None, "LN"):
-        raise ConfigError(f"the ensemble engine implements normalization_type 'LN' or None, got {model_kwargs['normalization_type']!r}")
+        raise ConfigError(
+            f"the ensemble engine implements normalization_type 'LN' or None, got {model_kwargs['normalization_type']!r}"
+        )
     for key in ("use_attn_result", "use_split_qkv_input", "scale_attn_by_inverse_layer_idx", "use_hook_mlp_in", "gated_mlp"):
         if model_kwargs.get(key):
             raise ConfigError(f"the ensemble engine does not implement {key}=True: train this model with the single-seed trainer")
@@ -118,7 +122,10 @@ class StackedTransformer(nn.Module):
         ln1 = pre + "ln1"
 
         def weights(c: str) -> tuple[Tensor, Tensor]:  # [E, D, H*dh], [E, H*dh]; the 1/sqrt(d_head) folded into Q
-            W, b = self.p(pre + f"attn.W_{c}").permute(0, 2, 1, 3).reshape(E, D, H * dh), self.p(pre + f"attn.b_{c}").reshape(E, H * dh)
+            W, b = (
+                self.p(pre + f"attn.W_{c}").permute(0, 2, 1, 3).reshape(E, D, H * dh),
+                self.p(pre + f"attn.b_{c}").reshape(E, H * dh),
+            )
             return (W / self.attn_scale, b / self.attn_scale) if c == "Q" else (W, b)
 
         def proj(inp: Tensor, cs: str) -> Tensor:  # inp: LN-normalised (no affine)
@@ -173,4 +180,3 @@ class StackedTransformer(nn.Module):
         last = T * 2 * D * H * dh + (D * H * dh + H * dh * D + 2 * D * M) + 2 * H * T * dh
         emb = T * c.d_vocab * D + D * c.d_vocab_out
         return 2.0 * ((c.n_layers - 1) * full + last + emb)
-

@@ -25,7 +25,9 @@ from lenslab.training.errors import ConfigError
 
 
 class StackedAdamW:
-    def __init__(self, params: list[Tensor], lr: list[float], weight_decay: list[float], betas: tuple[float, float], eps: float = 1e-8):
+    def __init__(
+        self, params: list[Tensor], lr: list[float], weight_decay: list[float], betas: tuple[float, float], eps: float = 1e-8
+    ):
         self.params = list(params)
         E = self.params[0].shape[0]
         if len(lr) != E or len(weight_decay) != E:
@@ -49,10 +51,13 @@ class StackedAdamW:
         # parameters' dtype (float32 or float64), built once per step and viewed per parameter shape.
         like = self.params[0]
         per = torch.tensor(
-            [[1.0 - self.lr[e] * self.wd[e] for e in range(E)],
-             [-self.lr[e] / (1.0 - self.beta1 ** max(self.steps[e], 1)) for e in range(E)],
-             [math.sqrt(1.0 - self.beta2 ** max(self.steps[e], 1)) for e in range(E)]],
-            dtype=like.dtype, device=like.device,
+            [
+                [1.0 - self.lr[e] * self.wd[e] for e in range(E)],
+                [-self.lr[e] / (1.0 - self.beta1 ** max(self.steps[e], 1)) for e in range(E)],
+                [math.sqrt(1.0 - self.beta2 ** max(self.steps[e], 1)) for e in range(E)],
+            ],
+            dtype=like.dtype,
+            device=like.device,
         )
         decay, neg_step_size, bc2_sqrt = per
         keep = None if all(act) else ~torch.tensor(act, device=like.device)

@@ -2,7 +2,8 @@
 
     plan = plan_sweep("runs/sweep", layers=[1, 2], heads=[1, 2], ratios=[0.5, 0.9], seeds=range(32))
     run_sweep(plan)                       # resumable: finished members are skipped
-    table = summarize_sweep("runs/sweep") # one row per cell, also results.csv / .json / .html
+    table = summarize_sweep("runs/sweep") # one row per cell, also results.csv / .json
+    lenslab.report.write_sweep_figure("runs/sweep", table)   # results.html (figures live above training)
 
 Layout: ``OUT/sweep.json`` (the plan), one ordinary run directory per member at
 ``OUT/<cell>/seed_<s>/`` where ``<cell>`` is e.g. ``L2H1-r0.9-wd0.1``. Members that share an
@@ -30,7 +31,7 @@ from tqdm import tqdm
 
 from lenslab.training.config import mpsp_run_config
 from lenslab.training.errors import ConfigError, RunError
-from lenslab.training.runio import RunLock, atomic_write_bytes, atomic_write_json, is_temp_file_name
+from lenslab.training.runio import RunLock, atomic_write_bytes, atomic_write_json, is_temp_file_name, read_summary
 
 SWEEP_FORMAT = "lenslab-sweep/1"
 EXECUTORS = ("local", "ray")
@@ -67,8 +68,16 @@ class Cell:
     def of(cls, config: dict) -> Cell:
         """The cell a member's run config belongs to (read from the config, so old plans name cells the same way)."""
         t, task, model = config["train"], config["task"], config["model"]
-        return cls(model["n_layers"], model["n_heads"], float(task["ratio"]), float(t["weight_decay"]), int(task["seq_len"]),
-                   int(task["n_values"]), int(t["batch_size"] or FULL_BATCH), float(t["lr"]))
+        return cls(
+            model["n_layers"],
+            model["n_heads"],
+            float(task["ratio"]),
+            float(t["weight_decay"]),
+            int(task["seq_len"]),
+            int(task["n_values"]),
+            int(t["batch_size"] or FULL_BATCH),
+            float(t["lr"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -124,10 +133,10 @@ def plan_sweep(
     seeds: Iterable[int],
     weight_decays: Iterable[float] = (0.1,),
     ensemble_size: int | None = None,
-    seq_lens: Iterable[int] | None = None,
-    n_values: Iterable[int] | None = None,
-    batch_sizes: Iterable[int] | None = None,
-    lrs: Iterable[float] | None = None,
+    seq_lens: int | Iterable[int] | None = None,
+    n_values: int | Iterable[int] | None = None,
+    batch_sizes: int | Iterable[int] | None = None,
+    lrs: float | Iterable[float] | None = None,
     **settings,
 ) -> dict:
     """The sweep's plan: every (cell, seed) with its full run config. ``settings`` go to ``mpsp_run_config``.
@@ -140,9 +149,15 @@ def plan_sweep(
     if given.get("batch_size", AXIS_DEFAULTS["batch_size"]) is None:
         given["batch_size"] = FULL_BATCH
     axes = {
-        "layers": list(layers), "heads": list(heads), "ratios": list(ratios), "seeds": list(seeds), "weight_decays": list(weight_decays),
-        "seq_lens": _axis("seq_len", seq_lens, given), "n_values": _axis("n_values", n_values, given),
-        "batch_sizes": _axis("batch_size", batch_sizes, given), "lrs": _axis("lr", lrs, given),
+        "layers": list(layers),
+        "heads": list(heads),
+        "ratios": list(ratios),
+        "seeds": list(seeds),
+        "weight_decays": list(weight_decays),
+        "seq_lens": _axis("seq_len", seq_lens, given),
+        "n_values": _axis("n_values", n_values, given),
+        "batch_sizes": _axis("batch_size", batch_sizes, given),
+        "lrs": _axis("lr", lrs, given),
     }
     for name, values in axes.items():
         if not values:
@@ -154,7 +169,9 @@ def plan_sweep(
         if isinstance(bs, bool) or not isinstance(bs, int) or bs < 0:
             raise ConfigError(f"batch size {bs!r} must be a positive integer, or 0 / 'full' for the whole train split")
         if isinstance(n_train, int) and bs > n_train:
-            raise ConfigError(f"batch size {bs} is larger than the train split (n_train={n_train}): use at most {n_train}, or full")
+            raise ConfigError(
+                f"batch size {bs} is larger than the train split (n_train={n_train}): use at most {n_train}, or full"
+            )
     if ensemble_size is None:
         from lenslab.training.ensemble import SWEEP_ENSEMBLE
 
@@ -163,11 +180,19 @@ def plan_sweep(
         raise ConfigError(f"ensemble_size={ensemble_size!r} must be an integer >= 1")
     members = []
     for L, H, r, wd, T, V, bs, lr in itertools.product(
-        axes["layers"], axes["heads"], axes["ratios"], axes["weight_decays"], axes["seq_lens"], axes["n_values"], axes["batch_sizes"], axes["lrs"]
+        axes["layers"],
+        axes["heads"],
+        axes["ratios"],
+        axes["weight_decays"],
+        axes["seq_lens"],
+        axes["n_values"],
+        axes["batch_sizes"],
+        axes["lrs"],
     ):
         for s in axes["seeds"]:
-            cfg = mpsp_run_config(ratio=r, layers=L, heads=H, seed=s, weight_decay=wd, seq_len=T, n_values=V,
-                                  batch_size=bs or None, lr=lr, **given)
+            cfg = mpsp_run_config(
+                ratio=r, layers=L, heads=H, seed=s, weight_decay=wd, seq_len=T, n_values=V, batch_size=bs or None, lr=lr, **given
+            )
             cell = Cell.of(cfg)
             members.append(asdict(Member(cell, s, f"{cell.name}/seed_{s}", cfg)))
     _check_split_sizes(members)
@@ -214,8 +239,14 @@ def plan_modadd_sweep(
             cfg = modadd_run_config(p=p, train_frac=frac, weight_decay=wd, seed=s, dtype=dt, **settings)
             cell = ModAddCell.of(cfg)
             members.append(asdict(Member(cell, s, f"{cell.name}/seed_{s}", cfg)))
-    return {"format": SWEEP_FORMAT, "root": str(Path(out)), "grid": {**axes, "p": [p]}, "settings": settings,
-            "ensemble_size": ensemble_size, "members": members}
+    return {
+        "format": SWEEP_FORMAT,
+        "root": str(Path(out)),
+        "grid": {**axes, "p": [p]},
+        "settings": settings,
+        "ensemble_size": ensemble_size,
+        "members": members,
+    }
 
 
 def _check_split_sizes(members: list[dict]) -> None:
@@ -231,8 +262,13 @@ def _check_split_sizes(members: list[dict]) -> None:
         if key not in seen:
             seen.add(key)
             try:
-                check_split_sizes(MPSPTask(label=t["label"], shortcut=t["shortcut"], seq_len=t["seq_len"], n_values=t["n_values"]),
-                                  t["ratio"], t["n_train"], t["n_val"], t["n_adv"])
+                check_split_sizes(
+                    MPSPTask(label=t["label"], shortcut=t["shortcut"], seq_len=t["seq_len"], n_values=t["n_values"]),
+                    t["ratio"],
+                    t["n_train"],
+                    t["n_val"],
+                    t["n_adv"],
+                )
             except TaskError as e:
                 raise ConfigError(f"sweep cell {m['out'].split('/')[0]}: {e}") from None
 
@@ -242,10 +278,8 @@ def _members(plan: dict) -> list[Member]:
 
 
 def _is_done(root: Path, m: Member) -> bool:
-    path = root / m.out / "summary.json"
-    try:
-        s = json.loads(path.read_text())
-    except (OSError, ValueError):
+    s = read_summary(root / m.out, strict=False)
+    if s is None:
         return False
     return s.get("status") == "complete" and s.get("epochs_completed") == m.config["train"]["epochs"]
 
@@ -275,8 +309,8 @@ def _epochs_done(root: Path, members: list[Member]) -> int:
     total = 0
     for m in members:
         try:
-            total += int(json.loads((root / m.out / "summary.json").read_text()).get("epochs_completed", 0))
-        except (OSError, ValueError, TypeError):
+            total += int((read_summary(root / m.out, strict=False) or {}).get("epochs_completed", 0))
+        except (ValueError, TypeError):
             pass
     return total
 
@@ -332,8 +366,12 @@ def write_plan(plan: dict) -> dict:
             if n is not None and _without_epochs(n["config"]) != _without_epochs(m["config"]):
                 t_old, t_new = m["config"], n["config"]
                 t_old, t_new = _without_epochs(t_old), _without_epochs(t_new)
-                diff = sorted(f"{blk}.{k}" for blk in ("task", "model", "train") for k in set(t_old[blk]) | set(t_new[blk])
-                              if t_old[blk].get(k) != t_new[blk].get(k))
+                diff = sorted(
+                    f"{blk}.{k}"
+                    for blk in ("task", "model", "train")
+                    for k in set(t_old[blk]) | set(t_new[blk])
+                    if t_old[blk].get(k) != t_new[blk].get(k)
+                )
                 raise RunError(
                     f"{root} holds a different sweep: its {m['out']} was planned with other settings ({', '.join(diff[:4])}); "
                     "rerun it with the same flags, or choose another --out"
@@ -347,7 +385,14 @@ def write_plan(plan: dict) -> dict:
     return {**stored, "root": str(root)}
 
 
-def run_sweep(plan: dict, executor: str = "local", workers: int | None = None, progress: bool = True, device: str | None = None, poll_s: float = 2.0) -> list[dict]:
+def run_sweep(
+    plan: dict,
+    executor: str = "local",
+    workers: int | None = None,
+    progress: bool = True,
+    device: str | None = None,
+    poll_s: float = 2.0,
+) -> list[dict]:
     """Run every unfinished member; returns ``summarize_sweep``'s table. Killed? Run it again.
 
     ``workers``: ensembles trained at once, each with cores/workers threads. Default: 1 on CUDA;
@@ -373,8 +418,15 @@ def _run_sweep_locked(plan, root, executor, workers, on_cuda, progress, device, 
     if workers is None:
         workers = 1 if on_cuda else max(1, min(_cpu_count(), len(jobs)))
     total = sum(m.config["train"]["epochs"] for m in all_members)
-    bar = tqdm(total=total, initial=_epochs_done(root, all_members), desc=f"sweep ({len(all_members)} runs, {len(jobs)} jobs left)",
-               unit="member-epoch", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=total,
+        initial=_epochs_done(root, all_members),
+        desc=f"sweep ({len(all_members)} runs, {len(jobs)} jobs left)",
+        unit="member-epoch",
+        file=sys.stderr,
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     job_dicts = [[asdict(m) for m in job] for job in jobs]
     threads = max(1, _cpu_count() // workers)
     from lenslab.training.trainer import Interrupted
@@ -386,7 +438,9 @@ def _run_sweep_locked(plan, root, executor, workers, on_cuda, progress, device, 
             _run_ray(str(root), job_dicts, workers, threads, device, lambda: _tick(bar, root, all_members), poll_s)
         _tick(bar, root, all_members)
     except (Interrupted, KeyboardInterrupt):
-        raise Interrupted(f"sweep interrupted; every member is saved. Continue with the same lenslab sweep command (--out {root})") from None
+        raise Interrupted(
+            f"sweep interrupted; every member is saved. Continue with the same lenslab sweep command (--out {root})"
+        ) from None
     finally:
         bar.close()
     return summarize_sweep(root)
@@ -424,7 +478,9 @@ def _run_ray(root, jobs, workers, threads, device, tick, poll_s) -> None:
     try:
         import ray
     except ImportError:
-        raise ConfigError("--executor ray needs Ray, which is not installed: pip install 'lenslab[ray]' (or use --executor local)") from None
+        raise ConfigError(
+            "--executor ray needs Ray, which is not installed: pip install 'lenslab[ray]' (or use --executor local)"
+        ) from None
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=workers * threads, log_to_driver=False, include_dashboard=False)
@@ -456,7 +512,8 @@ def summarize_sweep(root: str | Path, write: bool = True, outcomes: bool = True)
     and how the runs that did not generalize failed (``training.outcomes``).
 
     With ``write``: ``results.json`` (``cells`` and, with ``outcomes``, ``runs``: one row per finished
-    run), ``results.csv`` (cells), ``results_runs.csv`` (runs).
+    run), ``results.csv`` (cells), ``results_runs.csv`` (runs). Tables only: the figure of these rows,
+    ``results.html``, is ``lenslab.report.write_sweep_figure(root, rows)``.
     """
     root = Path(root)
     try:
@@ -472,11 +529,8 @@ def summarize_sweep(root: str | Path, write: bool = True, outcomes: bool = True)
     for cell, members in by_cell.items():
         done, cell_runs = [], []
         for m in members:
-            try:
-                s = json.loads((root / m.out / "summary.json").read_text())
-            except (OSError, ValueError):
-                continue
-            if s.get("status") != "complete":
+            s = read_summary(root / m.out, strict=False)
+            if s is None or s.get("status") != "complete":
                 continue
             done.append(s)
             if outcomes:
@@ -489,12 +543,18 @@ def summarize_sweep(root: str | Path, write: bool = True, outcomes: bool = True)
         firsts = [s["first_generalized_epoch"] for s in gen if s.get("first_generalized_epoch") is not None]
         epochs = [s.get("epochs_completed") for s in done]
         row = {
-            "cell": cell.name, **asdict(cell),
-            "runs_planned": len(members), "runs": len(done), "generalized": len(gen),
-            "rate": len(gen) / len(done) if done else None, "wilson_low": lo if done else None, "wilson_high": hi if done else None,
+            "cell": cell.name,
+            **asdict(cell),
+            "runs_planned": len(members),
+            "runs": len(done),
+            "generalized": len(gen),
+            "rate": len(gen) / len(done) if done else None,
+            "wilson_low": lo if done else None,
+            "wilson_high": hi if done else None,
             "median_first_generalized_epoch": statistics.median(firsts) if firsts else None,
             "still_generalized_at_end": sum(1 for s in gen if s.get("still_generalized_at_end")),
-            "epochs_min": min(epochs, default=None), "epochs_max": max(epochs, default=None),
+            "epochs_min": min(epochs, default=None),
+            "epochs_max": max(epochs, default=None),
         }
         if outcomes:
             from lenslab.training.outcomes import FAILURES
@@ -509,7 +569,6 @@ def summarize_sweep(root: str | Path, write: bool = True, outcomes: bool = True)
             atomic_write_bytes(root / "results_runs.csv", _csv(run_rows).encode())
         atomic_write_json(root / "results.json", doc)
         atomic_write_bytes(root / "results.csv", _csv(rows).encode())
-        atomic_write_bytes(root / "results.html", sweep_figure(rows).to_html(include_plotlyjs=True, full_html=True, div_id="lenslab-sweep-results").encode())
     return rows
 
 
@@ -522,44 +581,35 @@ def _summarize_modadd(root: Path, plan: dict, by_cell: dict, write: bool) -> lis
     for cell, members in by_cell.items():
         runs = []
         for m in members:
-            try:
-                s = json.loads((root / m.out / "summary.json").read_text())
-            except (OSError, ValueError):
-                continue
-            if s.get("status") == "complete":
+            s = read_summary(root / m.out, strict=False)
+            if s is not None and s.get("status") == "complete":
                 runs.append({"cell": cell.name, **asdict(cell), "seed": m.seed, **modadd_outcome(Run.open(root / m.out))})
-        rows.append({
-            "cell": cell.name, **asdict(cell), "runs_planned": len(members), "runs": len(runs),
-            "grokked": sum(r["outcome"] in ("grokked", "anti-grokked") for r in runs), "anti_grokked": sum(r["outcome"] == "anti-grokked" for r in runs),
-            "median_test_acc_best": _median(runs, "test_acc_best"), "median_test_acc_final": _median(runs, "test_acc_final"),
-            "epochs_min": min((r["epochs"] for r in runs), default=None), "epochs_max": max((r["epochs"] for r in runs), default=None),
-        })
+        rows.append(
+            {
+                "cell": cell.name,
+                **asdict(cell),
+                "runs_planned": len(members),
+                "runs": len(runs),
+                "grokked": sum(r["outcome"] in ("grokked", "anti-grokked") for r in runs),
+                "anti_grokked": sum(r["outcome"] == "anti-grokked" for r in runs),
+                "median_test_acc_best": _median(runs, "test_acc_best"),
+                "median_test_acc_final": _median(runs, "test_acc_final"),
+                "epochs_min": min((r["epochs"] for r in runs), default=None),
+                "epochs_max": max((r["epochs"] for r in runs), default=None),
+            }
+        )
         run_rows += runs
     if write:
-        atomic_write_json(root / "results.json", {"grid": plan["grid"], "settings": plan["settings"], "cells": rows, "runs": run_rows})
+        atomic_write_json(
+            root / "results.json", {"grid": plan["grid"], "settings": plan["settings"], "cells": rows, "runs": run_rows}
+        )
         atomic_write_bytes(root / "results.csv", _csv(rows).encode())
         atomic_write_bytes(root / "results_runs.csv", _csv(run_rows).encode())
-        atomic_write_bytes(root / "results.html", modadd_sweep_figure(rows).to_html(include_plotlyjs=True, full_html=True, div_id="lenslab-sweep-results").encode())
     return rows
 
 
 def _median(rows: list[dict], key: str) -> float | None:
     return statistics.median(r[key] for r in rows) if rows else None
-
-
-def modadd_sweep_figure(rows: list[dict]):
-    """Best and final test accuracy per modular-addition cell (median over seeds)."""
-    import plotly.graph_objects as go
-
-    names = [r["cell"] for r in rows]
-    fig = go.Figure([
-        go.Bar(x=names, y=[r["median_test_acc_best"] for r in rows], name="best test accuracy (median over seeds)"),
-        go.Bar(x=names, y=[r["median_test_acc_final"] for r in rows], name="final test accuracy (median over seeds)",
-               text=[f"{r['grokked']}/{r['runs']} grokked, {r['anti_grokked']} anti" for r in rows]),
-    ])
-    fig.update_layout(barmode="group", template="plotly_white", yaxis_range=[0, 1.05], yaxis_title="test accuracy",
-                      title="Modular addition: grokked = test accuracy >= 0.95 at some evaluation; anti-grokked = then >= 0.1 below its best")
-    return fig
 
 
 def _csv(rows: list[dict]) -> str:
@@ -572,23 +622,3 @@ def _csv(rows: list[dict]) -> str:
     for r in rows:
         w.writerow({k: ("" if v is None else v) for k, v in r.items()})
     return buf.getvalue()
-
-
-def sweep_figure(rows: list[dict]):
-    """Generalization rate vs r, one line per architecture (and weight decay), Wilson 95 % error bars."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    def line(r: dict) -> str:  # a cell's name without its ratio: one line per everything-but-r
-        return "-".join(part for part in r["cell"].split("-") if not part.startswith("r"))
-
-    for key in sorted({line(r) for r in rows}):
-        pts = sorted((r for r in rows if line(r) == key and r["rate"] is not None), key=lambda r: r["ratio"])
-        fig.add_trace(go.Scatter(
-            x=[r["ratio"] for r in pts], y=[r["rate"] for r in pts], mode="lines+markers", name=key,
-            error_y=dict(type="data", symmetric=False, array=[r["wilson_high"] - r["rate"] for r in pts], arrayminus=[r["rate"] - r["wilson_low"] for r in pts]),
-            text=[f"{r['generalized']}/{r['runs']} seeds" for r in pts], hovertemplate="r=%{x}: %{y:.2f} (%{text})",
-        ))
-    fig.update_layout(title="Generalization rate vs spurious ratio r (Wilson 95% interval)", xaxis_title="r", yaxis_title="fraction of seeds reaching 100% adversarial accuracy",
-                      yaxis_range=[-0.05, 1.05], template="plotly_white")
-    return fig

@@ -28,16 +28,16 @@ the weights before that step), None where no step preceded the evaluation (epoch
 
 ``dtype`` float64: weights, AdamW moments, arithmetic, checkpoints and resume state are all
 float64 (``training.presets.build_model``); resume is bitwise there too.
+
+This module computes; every file of the run directory (lock, splits, config, metrics,
+checkpoints, resume state, summary) is written by ``training.writer.RunWriter``.
 """
 
 from __future__ import annotations
 
-import math
-import signal
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -47,80 +47,27 @@ from tqdm import tqdm
 from transformer_lens import HookedTransformer
 
 from lenslab.tasks import make_modadd_splits, make_mpsp_splits
-from lenslab.training.config import check_train, comparable, log_schedule, torch_dtype
-from lenslab.training.errors import ConfigError, RunError, TrainingDiverged
+from lenslab.training.config import check_train, torch_dtype
+from lenslab.training.errors import ConfigError, TrainingDiverged
 from lenslab.training.gradients import gradient_dynamics, readout_logits
 from lenslab.training.presets import build_model
 from lenslab.training.run import task_from_config
-from lenslab.training.runio import (
-    RESUME_FORMAT,
-    RunLock,
-    append_jsonl,
-    atomic_save_safetensors,
-    atomic_write_json,
-    carry_environment,
-    check_state_dict,
-    file_sha256,
-    list_checkpoints,
-    load_checkpoint_into,
-    load_run_splits,
-    read_config,
-    read_jsonl,
-    read_safetensors,
-    rewrite_jsonl,
-    run_environment,
-    save_checkpoint,
-    save_splits,
+from lenslab.training.writer import (  # noqa: F401  (EvalSchedule, is_checkpoint_epoch, check_init_source: re-exported)
+    EvalSchedule,
+    Interrupted,
+    RunWriter,
+    check_init_source,
+    is_checkpoint_epoch,
+    resume_state,
+    sigint_flag,
 )
 
 EVAL_CHUNK = 8192
-OWN_FILES = {"splits.safetensors", "checkpoints", "metrics.jsonl", ".lock", "summary.json"}
-
-
-class Interrupted(Exception):
-    """Raised after a Ctrl-C once the run has been saved; the CLI exits 130."""
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     """The generator that orders the data of ``epoch`` (stateless: a function of seed and epoch)."""
     return torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (2**63))
-
-
-def is_checkpoint_epoch(epoch: int, eval_every: int, density: int) -> bool:
-    """Dense-early, sparse-late checkpoint rule on evaluation epochs (see the module docstring)."""
-    if epoch % eval_every:
-        return False
-    i = epoch // eval_every
-    if i <= density:
-        return True
-    stride = 2 ** int(math.floor(math.log2(i / density)))
-    return i % stride == 0
-
-
-@dataclass(frozen=True)
-class EvalSchedule:
-    """When a run evaluates and checkpoints (see the module docstring), from its train settings."""
-
-    epochs: int
-    every: int
-    density: int
-    log_epochs: frozenset[int] | None  # None: the linear schedule
-
-    @classmethod
-    def of(cls, t: dict) -> EvalSchedule:
-        log = frozenset(log_schedule(t["epochs"], t["n_evals"])) if t.get("eval_schedule", "linear") == "log" else None
-        return cls(t["epochs"], t["eval_every"], t["ckpt_density"], log)
-
-    def evaluates(self, epoch: int) -> bool:
-        if epoch == self.epochs:
-            return True
-        return epoch in self.log_epochs if self.log_epochs is not None else epoch % self.every == 0
-
-    def checkpoints(self, epoch: int) -> bool:
-        """Only on evaluation epochs: every one (log), or the dense-early, sparse-late rule plus the last (linear)."""
-        if not self.evaluates(epoch):
-            return False
-        return self.log_epochs is not None or epoch == self.epochs or is_checkpoint_epoch(epoch, self.every, self.density)
 
 
 def check_dtype_device(dtype: str, dev: torch.device) -> None:
@@ -131,7 +78,9 @@ def check_dtype_device(dtype: str, dev: torch.device) -> None:
         (x @ x).sum().item()
     except (RuntimeError, TypeError) as e:
         msg = (str(e).splitlines()[0].split(". ")[0][:160]) if str(e) else type(e).__name__  # the cause, not the backend list
-        raise ConfigError(f"--dtype {dtype}: device {dev} cannot compute in {dtype} ({msg}); use --dtype float32 or --device cpu") from None
+        raise ConfigError(
+            f"--dtype {dtype}: device {dev} cannot compute in {dtype} ({msg}); use --dtype float32 or --device cpu"
+        ) from None
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -204,7 +153,10 @@ def norm_diagnostics(named_params: list[tuple[str, Tensor]], grads: list[Tensor 
     ``grad_norm`` of ``grads`` (the last step's; None without one), computed in the run's dtype."""
     with torch.no_grad():
         sq = [p.detach().pow(2).sum() for _, p in named_params]
-        out: dict = {"weight_norm": float(torch.stack(sq).sum().sqrt()), "weight_norms": {n: float(v.sqrt()) for (n, _), v in zip(named_params, sq)}}
+        out: dict = {
+            "weight_norm": float(torch.stack(sq).sum().sqrt()),
+            "weight_norms": {n: float(v.sqrt()) for (n, _), v in zip(named_params, sq)},
+        }
         present = [g for g in grads or [] if g is not None]
         out["grad_norm"] = float(torch.stack([g.pow(2).sum() for g in present]).sum().sqrt()) if present else None
     return out
@@ -212,45 +164,6 @@ def norm_diagnostics(named_params: list[tuple[str, Tensor]], grads: list[Tensor 
 
 def _optimizer(model: HookedTransformer, t: dict) -> torch.optim.AdamW:
     return torch.optim.AdamW(model.parameters(), lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"])
-
-
-def _save_resume(run_dir: Path, epoch: int, model: HookedTransformer, opt: torch.optim.Optimizer) -> None:
-    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
-    for i, state in opt.state_dict()["state"].items():
-        for key, val in state.items():
-            tensors[f"optim.{i}.{key}"] = val if torch.is_tensor(val) else torch.tensor(val)
-    atomic_save_safetensors(run_dir / "checkpoints" / "resume.safetensors", tensors, {"format": RESUME_FORMAT, "epoch": str(epoch)})
-
-
-def _load_resume(run_dir: Path, model: HookedTransformer, opt: torch.optim.Optimizer) -> int | None:
-    path = run_dir / "checkpoints" / "resume.safetensors"
-    if not path.exists():
-        return None
-    tensors, meta = read_safetensors(path)
-    if meta.get("format") != RESUME_FORMAT or not str(meta.get("epoch", "")).isdigit():
-        raise RunError(f"{path}: not a lenslab resume state")
-    state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-    want = next(model.parameters()).dtype
-    found = sorted({str(v.dtype).removeprefix("torch.") for v in state.values() if v.dtype.is_floating_point})
-    if found and found != [str(want).removeprefix("torch.")]:
-        raise RunError(
-            f"{path}: the resume state is {', '.join(found)} but the run's config says train.dtype {str(want).removeprefix('torch.')}; "
-            "refusing to resume in another precision (start a new run, e.g. with --init-from)"
-        )
-    check_state_dict(state, model, str(path))
-    model.load_state_dict(state)
-    sd = opt.state_dict()
-    new_state: dict[int, dict] = {}
-    for k, v in tensors.items():
-        if k.startswith("optim."):
-            _, i, key = k.split(".", 2)
-            new_state.setdefault(int(i), {})[key] = v
-    n_params = len(sd["param_groups"][0]["params"])
-    if new_state and set(new_state) != set(range(n_params)):
-        raise RunError(f"{path}: optimizer state does not match the model ({len(new_state)} vs {n_params} tensors)")
-    sd["state"] = new_state
-    opt.load_state_dict(sd)
-    return int(meta["epoch"])
 
 
 @contextmanager
@@ -269,78 +182,6 @@ def deterministic_algorithms():
         torch.use_deterministic_algorithms(previous, warn_only=warn_only)
 
 
-@contextmanager
-def _sigint_flag():
-    """Turn the first Ctrl-C into a flag that the loop checks at the end of each epoch."""
-    flag = {"hit": False}
-    if not hasattr(signal, "SIGINT") or signal.getsignal(signal.SIGINT) is None:
-        yield flag
-        return
-    try:
-        previous = signal.signal(signal.SIGINT, lambda *_: flag.__setitem__("hit", True))
-    except ValueError:  # not the main thread
-        yield flag
-        return
-    try:
-        yield flag
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def check_init_source(config: dict) -> Path | None:
-    """The checkpoint ``config["init"]`` names, checked unchanged since the config was made (None: no init)."""
-    init = config.get("init")
-    if init is None:
-        return None
-    path = Path(init["from"])
-    if not path.is_file():
-        raise RunError(f"init: the checkpoint this run starts from, {path}, is gone; restore it or start a new run")
-    if file_sha256(path) != init["sha256"]:
-        raise RunError(f"init: {path} has changed since this run was configured (sha256 differs); start a new run from it")
-    return path
-
-
-def _summarize(config: dict, rows: list[dict], epochs_done: int, status: str, env: dict) -> dict:
-    summary: dict = {"status": status, "epochs_completed": epochs_done, "epochs_target": config["train"]["epochs"]}
-    if config["task"]["name"] == "mpsp":
-        gen = [r["epoch"] for r in rows if r.get("adv_acc") == 1.0]
-        summary["generalized"] = bool(gen)
-        summary["first_generalized_epoch"] = gen[0] if gen else None
-        summary["max_adv_acc"] = max((r["adv_acc"] for r in rows), default=None)
-        summary["still_generalized_at_end"] = bool(rows) and rows[-1].get("adv_acc") == 1.0
-    else:
-        best = max(rows, key=lambda r: r.get("test_acc", -1), default=None)
-        summary["best_test_acc"] = best["test_acc"] if best else None
-        summary["best_test_epoch"] = best["epoch"] if best else None
-    summary["final"] = rows[-1] if rows else None
-    summary["environment"] = env  # the process that wrote this summary: see runio.run_environment
-    return summary
-
-
-def _prepare_dir(out: Path, config: dict, resume: bool) -> bool:
-    """Check ``out`` against ``config``; returns True when an existing run is being resumed."""
-    if out.exists() and not out.is_dir():
-        raise RunError(f"--out {out} is a file, not a directory")
-    if (out / "config.json").is_file():
-        old = read_config(out)
-        if not resume:
-            raise RunError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-        if comparable(old) != comparable(config):
-            diffs = [
-                f"{part}.{k}"
-                for part in ("task", "model", "train")
-                for k in sorted(set(old[part]) | set(config[part]))
-                if k != "epochs" and old[part].get(k) != config[part].get(k)
-            ]
-            raise RunError(f"{out} holds a different run (differs in {', '.join(diffs[:5])}); resume it with its own settings or choose another --out")
-        return True
-    if out.is_dir():
-        foreign = sorted(p.name for p in out.iterdir() if p.name not in OWN_FILES and not p.name.startswith("."))
-        if foreign:
-            raise RunError(f"--out {out} is a non-empty directory that is not a lenslab run (holds {foreign[:3]}); choose an empty or new directory")
-    return False
-
-
 def train(
     config: dict,
     out: str | Path,
@@ -357,47 +198,23 @@ def train(
     Ctrl-C saves the resume state at the end of the current epoch and raises ``Interrupted``.
     """
     check_train(config)
-    out = Path(out)
     t = config["train"]
     dev = resolve_device(device)
     check_dtype_device(t["dtype"], dev)
-    resuming = _prepare_dir(out, config, resume)
-    has_resume_state = resuming and (out / "checkpoints" / "resume.safetensors").is_file()
-    init_path = None if has_resume_state else check_init_source(config)  # a resume never re-reads the source
-    splits = None if resuming else make_splits(config)  # bad sizes fail before anything is written
-    out.mkdir(parents=True, exist_ok=True)
-    with RunLock(out):
-        if resuming:
-            m = config["model"]
-            splits = load_run_splits(out, m)
-        else:
-            save_splits(out, splits)
+    writer = RunWriter(out, config, resume)
+    splits = None if writer.resuming else make_splits(config)  # bad sizes fail before anything is written
+    with writer:
         model = build_model(config["model"], seed=t["seed"], device=str(dev), dtype=t["dtype"])
         opt = _optimizer(model, t)
-        start = _load_resume(out, model, opt) if resuming else None
-        if start is not None and start > t["epochs"]:
-            raise RunError(f"{out} has already trained {start} epochs; --epochs is the total and must be >= {start}")
-        atomic_write_json(out / "config.json", {**config, "train": {**t}})
-        rows = read_jsonl(out / "metrics.jsonl")
-        if start is None:
-            start = 0
-            rows = []
-            for _, p in list_checkpoints(out):
-                p.unlink()
-            if init_path is not None:  # another run's weights instead of the seed's init; AdamW starts fresh
-                load_checkpoint_into(model, init_path, config["model"], cast=True)  # the source may be in another dtype
-        rows = [r for r in rows if r["epoch"] <= start]
-        rewrite_jsonl(out / "metrics.jsonl", rows)
-        return _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval)
+        splits = writer.open(model, opt, splits, dev)
+        return _loop(config, writer, model, opt, splits, dev, progress, on_eval)
 
 
-def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) -> dict:
-    t = config["train"]
-    env, note = carry_environment(out, run_environment(dev), start)
-    if note is not None:
-        print(note, file=sys.stderr)
+def _loop(
+    config: dict, writer: RunWriter, model: HookedTransformer, opt: torch.optim.Optimizer, splits, dev, progress, on_eval
+) -> dict:
+    t, out, start, schedule = config["train"], writer.out, writer.start, writer.schedule
     epochs, seed = t["epochs"], t["seed"]
-    schedule = EvalSchedule.of(t)
     tokens = splits["train_tokens"].to(dev)
     labels = splits["train_labels"].to(dev)
     consistent = (splits["train_labels"] == splits["train_shortcut"]) if "train_shortcut" in splits else None
@@ -405,26 +222,25 @@ def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) 
     bs = t["batch_size"] or n
     dev_splits = {k: v.to(dev) for k, v in splits.items()}
 
+    def state() -> dict[str, Tensor]:
+        return resume_state(model.state_dict(), opt.state_dict()["state"])
+
     def do_eval(epoch: int) -> None:
         params = list(model.named_parameters())
         row = {"epoch": epoch, **evaluate(model, dev_splits, dev), **norm_diagnostics(params, [p.grad for _, p in params])}
         if consistent is not None:
             row.update(gradient_dynamics(model, tokens, labels, consistent.to(dev), t["grad_probe_size"]))
-        rows.append(row)
-        append_jsonl(out / "metrics.jsonl", row)
-        if schedule.checkpoints(epoch):
-            save_checkpoint(out, epoch, model, config["model"])
-        _save_resume(out, epoch, model, opt)
-        atomic_write_json(out / "summary.json", _summarize(config, rows, epoch, "running", env))
-        bar.set_postfix_str(_postfix(row), refresh=False)
+        writer.log_eval(row)
+        writer.checkpoint(epoch, model, state())
+        bar.set_postfix_str(eval_postfix(row), refresh=False)
         if on_eval is not None:
             on_eval(row)
 
     bar = tqdm(total=epochs, initial=start, desc=out.name or "train", file=sys.stderr, disable=not progress, dynamic_ncols=True)
     model.train()
     try:
-        with _sigint_flag() as sigint, deterministic_algorithms():
-            if schedule.evaluates(start) and (not rows or rows[-1]["epoch"] != start):
+        with sigint_flag() as sigint, deterministic_algorithms():
+            if writer.pending_eval(start):
                 do_eval(start)  # epoch 0, or an evaluation a kill cut off
             for epoch in range(start + 1, epochs + 1):
                 perm = torch.randperm(n, generator=epoch_generator(seed, epoch)).to(dev)
@@ -437,8 +253,7 @@ def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) 
                     opt.step()
                     loss_sum += loss.detach()
                 if not (torch.isfinite(loss_sum) and all(torch.isfinite(p).all() for p in model.parameters())):
-                    last = rows[-1]["epoch"] if rows else 0  # the last step can poison the weights after a finite loss
-                    atomic_write_json(out / "summary.json", _summarize(config, rows, last, "diverged", env))
+                    last = writer.diverged()  # the last step can poison the weights after a finite loss
                     raise TrainingDiverged(
                         f"training diverged at epoch {epoch} (loss or weights are NaN/inf); the last good state is epoch {last} "
                         f"in {out}/checkpoints: lower --lr and start a new run"
@@ -447,17 +262,16 @@ def _loop(config, out, model, opt, splits, start, rows, dev, progress, on_eval) 
                 if schedule.evaluates(epoch):
                     do_eval(epoch)
                 if sigint["hit"] and epoch < epochs:
-                    if rows[-1]["epoch"] != epoch:
-                        _save_resume(out, epoch, model, opt)
-                    atomic_write_json(out / "summary.json", _summarize(config, rows, epoch, "interrupted", env))
-                    raise Interrupted(f"interrupted at epoch {epoch}; saved. Continue with: lenslab train ... --out {out} --resume")
+                    writer.interrupted(epoch, state())
+                    raise Interrupted(
+                        f"interrupted at epoch {epoch}; saved. Continue with: lenslab train ... --out {out} --resume"
+                    )
     finally:
         bar.close()
-    summary = _summarize(config, rows, epochs, "complete", env)
-    atomic_write_json(out / "summary.json", summary)
-    return summary
+    return writer.finish()
 
 
-def _postfix(row: dict) -> str:
+def eval_postfix(row: dict) -> str:
+    """The progress bar's numbers after an evaluation."""
     keys = [("train", "train_acc"), ("val", "validation_acc"), ("adv", "adv_acc"), ("test", "test_acc")]
     return " ".join(f"{name} {row[k]:.3f}" for name, k in keys if row.get(k) is not None)

@@ -1,7 +1,7 @@
 """The inspection report in a real browser: headless Chromium, network off, driven by Selenium.
 
 A tiny MPSP run is trained with ``training.trainer.train`` and inspected with
-``interp.inspect.write_inspection`` (the code path of ``lenslab inspect`` and ``lenslab demo``).
+``report.write_inspection`` (the code path of ``lenslab inspect`` and ``lenslab demo``).
 Chromium opens the file with no network: DNS maps every host to nothing, the proxy is a closed
 port, and DevTools' network emulation is offline. The checks:
 
@@ -49,11 +49,22 @@ except ImportError:
 warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
 
 FLAGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-default-apps", "--disable-extensions", "--disable-dev-shm-usage",
-    "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
-    "--window-size=1200,900", "--hide-scrollbars",
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--disable-dev-shm-usage",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--proxy-server=127.0.0.1:9",
+    "--proxy-bypass-list=<-loopback>",
+    "--window-size=1200,900",
+    "--hide-scrollbars",
 ]
 # not loads from anywhere: inline data, and Chromium's own pages (its new-tab page loads chrome://
 # resources at start-up). Everything else counts, http(s)/ws(s) and any file:// other than the report.
@@ -74,7 +85,9 @@ def browser(tmp_path, monkeypatch):
     driver.set_page_load_timeout(120)
     driver.set_script_timeout(60)
     driver.execute_cdp_cmd("Network.enable", {})
-    driver.execute_cdp_cmd("Network.emulateNetworkConditions", {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
+    driver.execute_cdp_cmd(
+        "Network.emulateNetworkConditions", {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1}
+    )
     yield driver
     driver.quit()
 
@@ -113,12 +126,24 @@ def test_controls_fail(browser, tmp_path):
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     """report.html of a tiny trained MPSP run (1 layer, 2 heads, 4 epochs, 3 checkpoints)."""
-    from lenslab.interp.inspect import write_inspection
+    from lenslab.report import write_inspection
     from lenslab.training.config import mpsp_run_config
     from lenslab.training.trainer import train
 
     run = tmp_path_factory.mktemp("browser") / "run"
-    cfg = mpsp_run_config(seq_len=4, n_values=8, n_train=1024, n_val=256, n_adv=256, layers=1, heads=2, epochs=4, eval_every=2, lr=3e-3, batch_size=256)
+    cfg = mpsp_run_config(
+        seq_len=4,
+        n_values=8,
+        n_train=1024,
+        n_val=256,
+        n_adv=256,
+        layers=1,
+        heads=2,
+        epochs=4,
+        eval_every=2,
+        lr=3e-3,
+        batch_size=256,
+    )
     train(cfg, run, progress=False)
     _, path = write_inspection(run, max_pairs=32, max_examples=128, evolution_pairs=16)
     return path
@@ -168,7 +193,9 @@ def test_report_renders_offline(browser, report, tmp_path):
     # (captureBeyondViewport resizes the page mid-capture, and circuitsvis's responsive
     # chart.js canvases collapse to a few pixels in the picture.)
     shot = tmp_path / "report_screenshot.png"
-    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 1200, "height": state["height"], "deviceScaleFactor": 1, "mobile": False})
+    browser.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride", {"width": 1200, "height": state["height"], "deviceScaleFactor": 1, "mobile": False}
+    )
     assert open_page(browser, report) == {"requests": [], "errors": []}
     png = browser.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
     shot.write_bytes(base64.b64decode(png["data"]))

@@ -13,7 +13,24 @@ from lenslab.training.runio import save_checkpoint
 
 def test_train_seeds_writes_one_run_per_seed(tmp_path, capsys):
     out = tmp_path / "seeds"
-    rc, stdout, err = run_cli(capsys, "train", *TINY, "--epochs", "2", "--eval-every", "2", "--batch-size", "256", "--seeds", "3,5", "--ensemble-size", "1", "--out", str(out), "--json")
+    rc, stdout, err = run_cli(
+        capsys,
+        "train",
+        *TINY,
+        "--epochs",
+        "2",
+        "--eval-every",
+        "2",
+        "--batch-size",
+        "256",
+        "--seeds",
+        "3,5",
+        "--ensemble-size",
+        "1",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert rc == 0, err
     result = json.loads(stdout)
     assert sorted(result["runs"]) == sorted(str(out / f"seed_{s}") for s in (3, 5))
@@ -43,7 +60,7 @@ def test_inspect_refuses_a_checkpoint_from_another_config(tmp_path, capsys):
     cfg = Run.open(out).config
     other = {**cfg["model"], "n_heads": 2, "d_head": cfg["model"]["d_model"] // 2}
     save_checkpoint(out, 7, build_model(other, seed=0), other)  # a foreign checkpoint planted in the run
-    rc, stdout, err = run_cli(capsys, "inspect", str(out / "checkpoints" / "7.safetensors"))
+    rc, _stdout, err = run_cli(capsys, "inspect", str(out / "checkpoints" / "7.safetensors"))
     last = err.strip().splitlines()[-1]
     assert rc == 2 and last.startswith("lenslab: error:") and "Traceback" not in err, err
     assert "different model config" in last, err

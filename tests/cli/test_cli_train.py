@@ -12,7 +12,23 @@ import pytest
 
 from lenslab.cli import main
 
-TINY = ["--seq-len", "4", "--n-values", "8", "--n-train", "1536", "--n-val", "256", "--n-adv", "256", "--layers", "1", "--heads", "1", "--no-progress"]
+TINY = [
+    "--seq-len",
+    "4",
+    "--n-values",
+    "8",
+    "--n-train",
+    "1536",
+    "--n-val",
+    "256",
+    "--n-adv",
+    "256",
+    "--layers",
+    "1",
+    "--heads",
+    "1",
+    "--no-progress",
+]
 
 
 def run_cli(capsys, *argv):
@@ -73,7 +89,7 @@ def test_corrupted_checkpoint_on_resume(capsys, tmp_path):
     run = tmp_path / "run"
     assert run_cli(capsys, "train", *TINY, "--epochs", "1", "--out", str(run))[0] == 0
     (run / "checkpoints" / "resume.safetensors").write_bytes(b"\x00" * 40)
-    rc, out, err = run_cli(capsys, "train", "--out", str(run), "--resume", "--epochs", "2", "--no-progress")
+    rc, _out, err = run_cli(capsys, "train", "--out", str(run), "--resume", "--epochs", "2", "--no-progress")
     assert rc == 2 and "not a readable safetensors file" in err
     assert len([line for line in err.strip().splitlines() if not line.startswith("training into")]) == 1
 
@@ -84,13 +100,13 @@ def test_a_model_config_whose_n_ctx_does_not_fit_the_sequence(capsys, tmp_path):
     cfg = json.loads((run / "config.json").read_text())
     cfg["model"]["n_ctx"] = 3  # seq_len 4 + readout needs 5
     (run / "config.json").write_text(json.dumps(cfg))
-    rc, out, err = run_cli(capsys, "train", "--out", str(run), "--resume", "--epochs", "2", "--no-progress")
+    rc, _out, err = run_cli(capsys, "train", "--out", str(run), "--resume", "--epochs", "2", "--no-progress")
     assert rc == 2 and "needs n_ctx >= 5" in err
 
 
 def test_real_process_has_no_traceback(tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    p = subprocess.run(
+    p = subprocess.run(  # noqa: PLW1510 -- the exit code is the assertion
         [sys.executable, "-m", "lenslab.cli", "train", "--ratio", "-0.2", "--out", str(tmp_path / "x")],
         capture_output=True,
         text=True,
@@ -98,7 +114,10 @@ def test_real_process_has_no_traceback(tmp_path):
         cwd=Path(__file__).parents[2],
     )
     assert p.returncode == 2
-    assert p.stderr.strip() == "lenslab: error: ratio=-0.2 is outside [0, 1]: it is the fraction of shortcut-consistent train examples"
+    assert (
+        p.stderr.strip()
+        == "lenslab: error: ratio=-0.2 is outside [0, 1]: it is the fraction of shortcut-consistent train examples"
+    )
     assert p.stdout == ""
 
 
@@ -121,8 +140,22 @@ def test_train_float64_log_schedule_and_resume_refusals(capsys, tmp_path):
     from lenslab.training.run import Run
 
     run = tmp_path / "run"
-    rc, _, err = run_cli(capsys, "train", *TINY, "--epochs", "12", "--dtype", "float64", "--eval-schedule", "log", "--n-evals", "4",
-                           "--out", str(run), "--json")
+    rc, _, err = run_cli(
+        capsys,
+        "train",
+        *TINY,
+        "--epochs",
+        "12",
+        "--dtype",
+        "float64",
+        "--eval-schedule",
+        "log",
+        "--n-evals",
+        "4",
+        "--out",
+        str(run),
+        "--json",
+    )
     assert rc == 0, err
     r = Run.open(run)
     assert r.config["train"]["dtype"] == "float64" and r.config["train"]["eval_schedule"] == "log"
@@ -135,8 +168,30 @@ def test_train_float64_log_schedule_and_resume_refusals(capsys, tmp_path):
 
 def test_train_modadd_seeds_with_weight_decay(capsys, tmp_path):
     root = tmp_path / "seeds"
-    rc, out, err = run_cli(capsys, "train", "--task", "modadd", "--p", "11", "--train-frac", "0.5", "--seeds", "0-1", "--weight-decay", "0",
-                           "--epochs", "2", "--eval-every", "1", "--dtype", "float64", "--out", str(root), "--json", "--no-progress")
+    rc, out, err = run_cli(
+        capsys,
+        "train",
+        "--task",
+        "modadd",
+        "--p",
+        "11",
+        "--train-frac",
+        "0.5",
+        "--seeds",
+        "0-1",
+        "--weight-decay",
+        "0",
+        "--epochs",
+        "2",
+        "--eval-every",
+        "1",
+        "--dtype",
+        "float64",
+        "--out",
+        str(root),
+        "--json",
+        "--no-progress",
+    )
     assert rc == 0, err
     doc = json.loads(out)
     assert sorted(doc["runs"]) == [str(root / "seed_0"), str(root / "seed_1")]

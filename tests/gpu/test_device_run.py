@@ -59,7 +59,9 @@ def test_plan_slices_and_allowance():
     clock = FakeClock()
     budget = dr.Budget(540.0, clock)
     clock.advance(15.0)  # a finished early: its unused time flows to the later parts
-    assert dr.allowance("b", ["a", "b", "c", "d"], plan, budget) == pytest.approx(525.0 - dr.FINAL_RESERVE_S - plan["c"] - plan["d"])
+    assert dr.allowance("b", ["a", "b", "c", "d"], plan, budget) == pytest.approx(
+        525.0 - dr.FINAL_RESERVE_S - plan["c"] - plan["d"]
+    )
 
 
 def test_check_budget_names_the_shortfall():
@@ -234,11 +236,22 @@ def test_shell_wrapper_bad_input(tmp_path):
     script = REPO / "benchmarks" / "gpu" / "run_on_device.sh"
     r = subprocess.run(["bash", str(script)], check=False, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "output folder first" in r.stderr
-    r = subprocess.run(["bash", str(script), str(tmp_path / "o")], check=False, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "WHEELS": str(tmp_path / "no")})
+    r = subprocess.run(
+        ["bash", str(script), str(tmp_path / "o")],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "WHEELS": str(tmp_path / "no")},
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "fetch_wheels.sh" in r.stderr
     (tmp_path / "w").mkdir()
-    r = subprocess.run(["bash", str(script), str(tmp_path / "o")], check=False, capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin", "WHEELS": str(tmp_path / "w"), "PY": str(Path(dr.sys.executable))})
+    r = subprocess.run(
+        ["bash", str(script), str(tmp_path / "o")],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "WHEELS": str(tmp_path / "w"), "PY": str(Path(dr.sys.executable))},
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "missing" in r.stderr
 
 

@@ -111,7 +111,9 @@ def test_check_installed():
 
 
 def test_cli_check_is_one_line_and_exit_2(tmp_path):
-    r = subprocess.run([sys.executable, str(GPU / "wheel_pins.py"), "check", str(tmp_path / "none")], check=False, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(GPU / "wheel_pins.py"), "check", str(tmp_path / "none")], check=False, capture_output=True, text=True
+    )
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "fetch_wheels.sh" in r.stderr
 
@@ -123,7 +125,14 @@ def test_file_imports_skips_optional_and_type_checking(tmp_path):
         "if sys.version_info < (3, 7) or TYPE_CHECKING:\n    import gamma\nelse:\n    def f():\n        import delta\n"
         "try:\n    import epsilon\nexcept ImportError:\n    epsilon = None\ndef g():\n    import zeta\nfrom .sib import eta\n"
     )
-    assert wp.file_imports(src, "pkg.m", False, module_level_only=True) == {"sys", "typing", "typing.TYPE_CHECKING", "alpha", "pkg.sib", "pkg.sib.eta"}
+    assert wp.file_imports(src, "pkg.m", False, module_level_only=True) == {
+        "sys",
+        "typing",
+        "typing.TYPE_CHECKING",
+        "alpha",
+        "pkg.sib",
+        "pkg.sib.eta",
+    }
     assert {"delta", "zeta"} <= wp.file_imports(src, "pkg.m", False, module_level_only=False)
 
 
@@ -134,5 +143,12 @@ def test_wheel_folder_is_git_ignored():
 
 def test_fetch_script_downloads_for_the_device():
     text = (GPU / "fetch_wheels.sh").read_text()
-    for flag in ("--no-deps", "--only-binary=:all:", "--python-version 3.12", "--implementation cp", "manylinux_2_17_x86_64", "wheels.txt"):
+    for flag in (
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version 3.12",
+        "--implementation cp",
+        "manylinux_2_17_x86_64",
+        "wheels.txt",
+    ):
         assert flag in text

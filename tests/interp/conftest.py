@@ -60,22 +60,35 @@ def trained(splits, model_kwargs):
 
 def write_fake_run(run_dir, splits, model_kwargs, steps: int = 120, eval_every: int = 40):
     """A run directory in the lenslab-run/1 format, with a checkpoint + metrics per evaluation."""
-    config = mpsp_run_config(seq_len=TASK.seq_len, n_values=TASK.n_values, n_train=1024, n_val=128, n_adv=128, ratio=0.9,
-                             layers=model_kwargs["n_layers"], heads=model_kwargs["n_heads"], epochs=steps, eval_every=eval_every)
+    config = mpsp_run_config(
+        seq_len=TASK.seq_len,
+        n_values=TASK.n_values,
+        n_train=1024,
+        n_val=128,
+        n_adv=128,
+        ratio=0.9,
+        layers=model_kwargs["n_layers"],
+        heads=model_kwargs["n_heads"],
+        epochs=steps,
+        eval_every=eval_every,
+    )
     atomic_write_json(run_dir / "config.json", {**config, "model": model_kwargs})
     save_splits(run_dir, splits)
     model = build_model(model_kwargs, seed=1)
 
     def on_eval(step, m):
         save_checkpoint(run_dir, step, m, model_kwargs)
-        append_jsonl(run_dir / "metrics.jsonl", {
-            "epoch": step,
-            "train_acc": accuracy(m, splits["train_tokens"], splits["train_labels"]),
-            "validation_acc": accuracy(m, splits["validation_tokens"], splits["validation_labels"]),
-            "adv_acc": accuracy(m, splits["adv_tokens"], splits["adv_labels"]),
-            "grad_conflict": -0.5 + step / 1000,
-            "grad_amplification": 9.0,
-        })
+        append_jsonl(
+            run_dir / "metrics.jsonl",
+            {
+                "epoch": step,
+                "train_acc": accuracy(m, splits["train_tokens"], splits["train_labels"]),
+                "validation_acc": accuracy(m, splits["validation_tokens"], splits["validation_labels"]),
+                "adv_acc": accuracy(m, splits["adv_tokens"], splits["adv_labels"]),
+                "grad_conflict": -0.5 + step / 1000,
+                "grad_amplification": 9.0,
+            },
+        )
 
     on_eval(0, model.eval())
     train(model, splits, steps=steps, seed=1, on_eval=on_eval, eval_every=eval_every)

@@ -16,8 +16,17 @@ D_MODEL, D_HEAD = 8, 4
 
 def _model(n_heads: int) -> HookedTransformer:
     cfg = HookedTransformerConfig(
-        n_layers=1, d_model=D_MODEL, n_heads=n_heads, d_head=D_HEAD, n_ctx=N_CTX, d_vocab=N_VALUES + 1,
-        d_vocab_out=2, attn_only=True, normalization_type=None, act_fn="relu", default_prepend_bos=False,
+        n_layers=1,
+        d_model=D_MODEL,
+        n_heads=n_heads,
+        d_head=D_HEAD,
+        n_ctx=N_CTX,
+        d_vocab=N_VALUES + 1,
+        d_vocab_out=2,
+        attn_only=True,
+        normalization_type=None,
+        act_fn="relu",
+        default_prepend_bos=False,
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore")

@@ -11,12 +11,12 @@ def data():
     model = copy_first_model()
     tokens = random_tokens(400)
     labels = tokens[:, 0] % 2  # the hand-built model computes exactly this
-    shortcut = (tokens[:, 1] % 2)  # any other feature, to exercise both logit-diff branches
+    shortcut = tokens[:, 1] % 2  # any other feature, to exercise both logit-diff branches
     return model, tokens, labels, shortcut
 
 
 def test_unablated_model_is_known(data):
-    model, tokens, labels, shortcut = data
+    model, tokens, labels, _shortcut = data
     logits = model(tokens)[:, -1]
     torch.testing.assert_close(logits, torch.nn.functional.one_hot(labels, 2).float(), atol=1e-6, rtol=0)
 
@@ -43,10 +43,14 @@ def test_mean_ablation_predicts_the_reference_majority(data):
     model, tokens, labels, shortcut = data
     ref = tokens.clone()
     ref[:, 0] = torch.tensor([0, 2, 4, 1] * 100)  # 75 % even first elements
-    table = evaluate_ablations(model, [Ablation(HeadTarget(0, 0), "mean")], {"s": (tokens, labels, shortcut)}, reference_tokens=ref)
+    table = evaluate_ablations(
+        model, [Ablation(HeadTarget(0, 0), "mean")], {"s": (tokens, labels, shortcut)}, reference_tokens=ref
+    )
     # mean z = 0.75 * even + 0.25 * odd -> logits (0.75, 0.25) -> always class 0
     assert table[1]["acc_s"] == pytest.approx(float((labels == 0).float().mean()))
-    assert table[1]["logit_diff_s"] == pytest.approx(float(label_vs_shortcut_diff(torch.tensor([[0.75, 0.25]]).expand(len(labels), 2), labels, shortcut).mean()), abs=1e-5)
+    assert table[1]["logit_diff_s"] == pytest.approx(
+        float(label_vs_shortcut_diff(torch.tensor([[0.75, 0.25]]).expand(len(labels), 2), labels, shortcut).mean()), abs=1e-5
+    )
 
 
 def test_position_of_a_head_ablation(data):
@@ -61,7 +65,12 @@ def test_batched_equals_one_forward_per_ablation(trained, splits):
     """The batched call (every ablation in one forward) equals separate hooked forwards."""
     tokens, labels, shortcut = splits["validation_tokens"], splits["validation_labels"], splits["validation_shortcut"]
     ref = splits["train_tokens"][:256]
-    abls = [Ablation(HeadTarget(1, 1), "mean"), Ablation(MLPTarget(0), "zero"), Ablation(ResidTarget(1, 2), "mean"), Ablation(HeadTarget(0, 0), "mean", pos=4)]
+    abls = [
+        Ablation(HeadTarget(1, 1), "mean"),
+        Ablation(MLPTarget(0), "zero"),
+        Ablation(ResidTarget(1, 2), "mean"),
+        Ablation(HeadTarget(0, 0), "mean", pos=4),
+    ]
     table = evaluate_ablations(trained, abls, {"v": (tokens, labels, shortcut)}, reference_tokens=ref)
     _, cache = trained.run_with_cache(ref)
     for ab, row in zip(abls, table[1:]):

@@ -12,9 +12,9 @@ import re
 import plotly.graph_objects as go
 import pytest
 
-from lenslab.interp.inspect import inspect_run, inspection_sections
+from lenslab.interp.inspect import inspect_run
 from lenslab.interp.visual import AttentionView, attention_view
-from lenslab.report import write_report
+from lenslab.report import inspection_sections, write_report
 
 URL = r"""["']?\s*(?:https?:)?//"""
 RESOURCE_LOADS = [
@@ -82,7 +82,14 @@ def test_inspect_run_end_to_end(fake_run, inspected):
     assert len(result["evolution"]["rows"]) == len(result["evolution"]["epochs_used"])
     sections = inspection_sections(fake_run, result)
     headings = [h for h, _ in sections]
-    for h in ("Accuracy", "Gradient dynamics", "Circuit evolution", "Cross-split patching", "Correlation traps", "Attention (readout is the last row)"):
+    for h in (
+        "Accuracy",
+        "Gradient dynamics",
+        "Circuit evolution",
+        "Cross-split patching",
+        "Correlation traps",
+        "Attention (readout is the last row)",
+    ):
         assert h in headings
     html = write_report(fake_run / "report.html", "demo", sections).read_text()
     assert resource_loads(html) == []
@@ -107,7 +114,10 @@ def test_inspect_run_traps(fake_run, inspected):
             assert got[name][0] == ref.n_traps and got[name][1] == pytest.approx(ref.lambda_plus, rel=1e-9)
     assert traps["final"] == {r["matrix"]: r["n_traps"] for r in traps["rows"] if r["epoch"] == 120}
     at = [r for r in traps["rows"] if r["epoch"] == traps["esd_epoch"]]
-    assert traps["esd_epoch"] == result["epoch"] and traps["esd_matrix"] == max(at, key=lambda r: (r["n_traps"], r["N"] * r["M"]))["matrix"]
+    assert (
+        traps["esd_epoch"] == result["epoch"]
+        and traps["esd_matrix"] == max(at, key=lambda r: (r["n_traps"], r["N"] * r["M"]))["matrix"]
+    )
     items = dict(inspection_sections(fake_run, result))["Correlation traps"]
     figs = [i for i in items if isinstance(i, go.Figure)]
     assert len(figs) == 2  # trap counts under the accuracy curves; the ESD with its MP fit
@@ -118,7 +128,11 @@ def test_inspect_run_traps(fake_run, inspected):
 def test_each_head_keeps_one_colour_across_the_fingerprint_panels():
     from lenslab.interp.visual import fingerprint_evolution_figure
 
-    rows = [{"epoch": e, "head_name": h, "qk_rho_w": 0.1, "pos0_mass_w": 0.2, "ov_parity_rho_w": 0.3} for e in (0, 5) for h in ("L0H0", "L0H1", "L1H0")]
+    rows = [
+        {"epoch": e, "head_name": h, "qk_rho_w": 0.1, "pos0_mass_w": 0.2, "ov_parity_rho_w": 0.3}
+        for e in (0, 5)
+        for h in ("L0H0", "L0H1", "L1H0")
+    ]
     fig = fingerprint_evolution_figure(rows)
     colours: dict[str, set] = {}
     for tr in fig.data:
@@ -128,8 +142,13 @@ def test_each_head_keeps_one_colour_across_the_fingerprint_panels():
 
 
 def test_the_limits_line_reads_as_a_sentence():
-    from lenslab.interp.inspect import _limits_sentence
+    from lenslab.report import _limits_sentence
 
-    text = _limits_sentence({"patching_pairs": 256, "max_examples": 2048, "evolution": "12 of 40 checkpoints", "traps": "robust mode"})
-    assert text == "Limits: cross-split patching on 256 pairs, at most 2048 examples per split; evolution: 12 of 40 checkpoints; traps: robust mode."
+    text = _limits_sentence(
+        {"patching_pairs": 256, "max_examples": 2048, "evolution": "12 of 40 checkpoints", "traps": "robust mode"}
+    )
+    assert (
+        text
+        == "Limits: cross-split patching on 256 pairs, at most 2048 examples per split; evolution: 12 of 40 checkpoints; traps: robust mode."
+    )
     assert "{" not in text

@@ -222,7 +222,15 @@ def exec_run(argv: list[str], cwd: str | Path, timeout: float = 600) -> Outcome:
     """``python -m lenslab.cli *argv`` in a fresh interpreter (one torch thread, like the forked children)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    p = subprocess.run([sys.executable, "-m", "lenslab.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    p = subprocess.run(
+        [sys.executable, "-m", "lenslab.cli", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     return Outcome(rc=p.returncode, killed=p.returncode == -signal.SIGKILL, stderr=p.stderr)
 
 
@@ -312,7 +320,12 @@ def check_run_after_kill(run_dir: str | Path, reference: dict[str, bytes]) -> li
     except RunError as e:
         problems.append(f"unreadable after kill: {e}")
     for rel, data in run_files(run_dir).items():
-        if Path(rel).name.startswith(".") or rel in ("metrics.jsonl", "config.json", "summary.json", "checkpoints/resume.safetensors"):
+        if Path(rel).name.startswith(".") or rel in (
+            "metrics.jsonl",
+            "config.json",
+            "summary.json",
+            "checkpoints/resume.safetensors",
+        ):
             continue
         if reference.get(rel) != data:
             problems.append(f"{rel} is not bitwise the reference file")
@@ -344,7 +357,22 @@ def lock_probe(run_dir: str, go: str, done: str, result: str) -> None:
 
 # The small modadd run the reliability tests kill (in a uniquely named module: a plain
 # ``from conftest import`` resolves to whichever conftest pytest imported first).
-MODADD = ["train", "--task", "modadd", "--p", "11", "--train-frac", "0.5", "--epochs", "4", "--eval-every", "1", "--ckpt-density", "1", "--no-progress"]
+MODADD = [
+    "train",
+    "--task",
+    "modadd",
+    "--p",
+    "11",
+    "--train-frac",
+    "0.5",
+    "--epochs",
+    "4",
+    "--eval-every",
+    "1",
+    "--ckpt-density",
+    "1",
+    "--no-progress",
+]
 
 
 def train_argv(out: str) -> list[str]:

@@ -29,25 +29,92 @@ from lenslab.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_TIMEOUT_S = 120  # an example that runs longer is a hang (a budget flag that escaped its bound)
-TINY_MPSP = ["--seq-len", "4", "--n-values", "8", "--n-train", "64", "--n-val", "32", "--n-adv", "32", "--layers", "1", "--heads", "1",
-             "--epochs", "1", "--eval-every", "1", "--batch-size", "32"]
+TINY_MPSP = [
+    "--seq-len",
+    "4",
+    "--n-values",
+    "8",
+    "--n-train",
+    "64",
+    "--n-val",
+    "32",
+    "--n-adv",
+    "32",
+    "--layers",
+    "1",
+    "--heads",
+    "1",
+    "--epochs",
+    "1",
+    "--eval-every",
+    "1",
+    "--batch-size",
+    "32",
+]
 TINY_MODADD = ["--task", "modadd", "--p", "11", "--train-frac", "0.5", "--epochs", "1", "--eval-every", "1"]
 # what makes a valid run of a known command tiny (alternatives); generated flags come after and override it
 BASE = {
     "train": [TINY_MPSP, TINY_MODADD],
     "traps": [["--workers", "1"]],
-    "sweep": [["--layers", "1", "--heads", "1", "--ratios", "0.5", "--seeds", "0", *TINY_MPSP[:10], "--epochs", "1", "--eval-every", "1",
-               "--batch-size", "32", "--ensemble-size", "1", "--out", "sweep-out"]],
+    "sweep": [
+        [
+            "--layers",
+            "1",
+            "--heads",
+            "1",
+            "--ratios",
+            "0.5",
+            "--seeds",
+            "0",
+            *TINY_MPSP[:10],
+            "--epochs",
+            "1",
+            "--eval-every",
+            "1",
+            "--batch-size",
+            "32",
+            "--ensemble-size",
+            "1",
+            "--out",
+            "sweep-out",
+        ]
+    ],
 }
 # flags that size the work: valid values stay tiny; commands without a BASE get only invalid ones
-BUDGET = {"epochs", "n_train", "n_val", "n_adv", "seq_len", "n_values", "layers", "heads", "p", "seeds", "ensemble_size", "batch_size",
-          "n_shuffles", "workers", "ratios", "weight_decay"}
+BUDGET = {
+    "epochs",
+    "n_train",
+    "n_val",
+    "n_adv",
+    "seq_len",
+    "n_values",
+    "layers",
+    "heads",
+    "p",
+    "seeds",
+    "ensemble_size",
+    "batch_size",
+    "n_shuffles",
+    "workers",
+    "ratios",
+    "weight_decay",
+}
 TINY_INTS = [-1, 0, 1, 2]
 HUGE_INTS = {"seq_len": 10**4}  # 10**12 for the rest; seq_len: see the report (n_values**seq_len is computed before any bound)
 FLOATS = [math.nan, math.inf, -math.inf, -1.0, 0.0, 0.5, 1e-3, 1e300]
 STRINGS = ["x", "", "-", "sum2", "max", "first", "0", "0-1", "1,0", "2-1", "-1", "0-", "nan", "é", "a b", "cpu", "cuda:7", "meta"]
-PATHS = ["run", "run/checkpoints/2.safetensors", "run/config.json", "run/metrics.jsonl", "missing", "garbage.safetensors", "evil.pt",
-         "shards", ".", "run/checkpoints"]
+PATHS = [
+    "run",
+    "run/checkpoints/2.safetensors",
+    "run/config.json",
+    "run/metrics.jsonl",
+    "missing",
+    "garbage.safetensors",
+    "evil.pt",
+    "shards",
+    ".",
+    "run/checkpoints",
+]
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -163,8 +230,14 @@ def test_every_command_line_exits_cleanly_and_writes_only_its_output(world, tmp_
     parser = subcommands()[name]
     repo_before = _repo_entries()
 
-    @settings(max_examples=30 if name == "train" else 15, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])  # no shrinking: report fast
+    @settings(
+        max_examples=30 if name == "train" else 15,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],
+    )  # no shrinking: report fast
     @given(command_lines(name, parser))
     def check(argv):
         cwd = tmp_path_factory.mktemp("cwd")

@@ -4,8 +4,30 @@ from __future__ import annotations
 
 from killharness import diff_runs, run_files
 
-MPSP = ["train", "--seq-len", "4", "--n-values", "8", "--n-train", "256", "--n-val", "64", "--n-adv", "64", "--layers", "1",
-        "--heads", "1", "--batch-size", "64", "--epochs", "2", "--eval-every", "1", "--no-progress"]
+MPSP = [
+    "train",
+    "--seq-len",
+    "4",
+    "--n-values",
+    "8",
+    "--n-train",
+    "256",
+    "--n-val",
+    "64",
+    "--n-adv",
+    "64",
+    "--layers",
+    "1",
+    "--heads",
+    "1",
+    "--batch-size",
+    "64",
+    "--epochs",
+    "2",
+    "--eval-every",
+    "1",
+    "--no-progress",
+]
 
 
 def test_same_seed_same_run_across_processes_and_another_seed_differs(harness):

@@ -99,7 +99,9 @@ DTYPES = ["F32", "F16", "BF16", "F64", "I64", "I32", "I8", "U8", "BOOL", "XX", 7
 @st.composite
 def mutated(draw, data: bytes) -> bytes:
     """A mutation of a safetensors file: bytes (cut, flip, splice, length field) or its header (dtype, shape, offsets, keys)."""
-    kind = draw(st.sampled_from(["truncate", "flip", "length", "dtype", "shape", "offsets", "drop", "extra", "metadata", "garbage"]))
+    kind = draw(
+        st.sampled_from(["truncate", "flip", "length", "dtype", "shape", "offsets", "drop", "extra", "metadata", "garbage"])
+    )
     n, header = _header(data)
     names = sorted(k for k in header if k != "__metadata__")
     name = draw(st.sampled_from(names))
@@ -125,9 +127,15 @@ def mutated(draw, data: bytes) -> bytes:
     elif kind == "drop":
         del header[name]
     elif kind == "extra":
-        header[draw(st.text(min_size=1, max_size=12))] = {"dtype": draw(st.sampled_from(DTYPES)), "shape": [2, 2], "data_offsets": [0, 16]}
+        header[draw(st.text(min_size=1, max_size=12))] = {
+            "dtype": draw(st.sampled_from(DTYPES)),
+            "shape": [2, 2],
+            "data_offsets": [0, 16],
+        }
     elif kind == "metadata":
-        header["__metadata__"] = draw(st.sampled_from([{"format": "other"}, {"model_hash": "0" * 16}, {"epoch": "x"}, {"format": 3}, [], "x"]))
+        header["__metadata__"] = draw(
+            st.sampled_from([{"format": "other"}, {"model_hash": "0" * 16}, {"epoch": "x"}, {"format": 3}, [], "x"])
+        )
     return _with_header(data, header, n)
 
 
@@ -259,15 +267,25 @@ def test_model_bytes_bounds_what_transformer_lens_allocates():
     """The size check is an upper bound (within 2x) of the bytes a built model holds, weights and buffers."""
     rng = random.Random(0)
     for _ in range(12):
-        m = dict(
-            n_layers=rng.randint(1, 3), d_model=rng.choice([4, 8, 32]), n_heads=rng.randint(1, 4), d_head=rng.choice([2, 8]),
-            d_mlp=rng.choice([4, 64]), d_vocab=rng.randint(2, 64), d_vocab_out=rng.randint(2, 64), n_ctx=rng.randint(1, 64),
-            act_fn="relu", normalization_type=rng.choice([None, "LN", "LNPre"]), attn_only=rng.choice([False, True]),
-            positional_embedding_type=rng.choice(["standard", "shortformer"]),
-        )
+        m = {
+            "n_layers": rng.randint(1, 3),
+            "d_model": rng.choice([4, 8, 32]),
+            "n_heads": rng.randint(1, 4),
+            "d_head": rng.choice([2, 8]),
+            "d_mlp": rng.choice([4, 64]),
+            "d_vocab": rng.randint(2, 64),
+            "d_vocab_out": rng.randint(2, 64),
+            "n_ctx": rng.randint(1, 64),
+            "act_fn": "relu",
+            "normalization_type": rng.choice([None, "LN", "LNPre"]),
+            "attn_only": rng.choice([False, True]),
+            "positional_embedding_type": rng.choice(["standard", "shortformer"]),
+        }
         held = sum(t.numel() * t.element_size() for t in build_model(m, seed=0).state_dict().values())
         assert held <= model_bytes(m) <= 2 * held, m
-    assert MAX_MODEL_BYTES >= model_bytes({**m, "d_model": 512, "d_mlp": 2048, "n_layers": 12, "d_head": 64, "n_heads": 8, "d_vocab": 50257, "n_ctx": 1024})
+    assert MAX_MODEL_BYTES >= model_bytes(
+        {**m, "d_model": 512, "d_mlp": 2048, "n_layers": 12, "d_head": 64, "n_heads": 8, "d_vocab": 50257, "n_ctx": 1024}
+    )
 
 
 @pytest.mark.parametrize(

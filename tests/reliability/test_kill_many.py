@@ -16,10 +16,43 @@ from killharness import Fault, check_after_kill, diff_runs, exec_run, out_dir, r
 TINY = ["--seq-len", "4", "--n-values", "8", "--n-train", "512", "--n-val", "64", "--n-adv", "64", "--batch-size", "256"]
 # 2 cells x 2 seeds in ensembles of 2: two jobs, run one after the other in the sweep's process (--workers 1:
 # the harness's fault hooks live in that process)
-SWEEP = ["sweep", "--layers", "1", "--heads", "1", "--ratios", "0.5,0.9", "--seeds", "0-1", "--ensemble-size", "2", "--workers", "1", *TINY,
-         "--epochs", "2", "--eval-every", "1", "--no-progress"]
-SEEDS = ["train", "--seeds", "0-1", "--task", "modadd", "--p", "11", "--train-frac", "0.5", "--epochs", "2", "--eval-every", "1",
-         "--no-progress"]
+SWEEP = [
+    "sweep",
+    "--layers",
+    "1",
+    "--heads",
+    "1",
+    "--ratios",
+    "0.5,0.9",
+    "--seeds",
+    "0-1",
+    "--ensemble-size",
+    "2",
+    "--workers",
+    "1",
+    *TINY,
+    "--epochs",
+    "2",
+    "--eval-every",
+    "1",
+    "--no-progress",
+]
+SEEDS = [
+    "train",
+    "--seeds",
+    "0-1",
+    "--task",
+    "modadd",
+    "--p",
+    "11",
+    "--train-frac",
+    "0.5",
+    "--epochs",
+    "2",
+    "--eval-every",
+    "1",
+    "--no-progress",
+]
 COMMANDS = {"sweep": SWEEP, "seeds": SEEDS}
 
 # (command, case id, file, op, n-th such event, action)

@@ -61,7 +61,24 @@ def test_weights_poisoned_after_a_finite_loss_stop_training(tmp_path, monkeypatc
 
 def test_divergence_at_the_cli_is_one_line(tmp_path, monkeypatch, capsys):
     poison_after_step(monkeypatch, 2, math.nan)
-    rc = main(["train", "--task", "modadd", "--p", "11", "--train-frac", "0.5", "--epochs", "4", "--eval-every", "1", "--no-progress", "--out", str(tmp_path / "r")])
+    rc = main(
+        [
+            "train",
+            "--task",
+            "modadd",
+            "--p",
+            "11",
+            "--train-frac",
+            "0.5",
+            "--epochs",
+            "4",
+            "--eval-every",
+            "1",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "r"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith("lenslab: error: training diverged at epoch 2 ")
     assert not any("Traceback" in line for line in err)

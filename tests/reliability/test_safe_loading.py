@@ -56,7 +56,11 @@ def world(tmp_path_factory):
     (root / "hf").mkdir()
     (root / "hf" / "pytorch_model.bin").write_bytes(zipped)
     (root / "hf" / "config.json").write_text("{}")  # a Hugging Face folder has one; not a lenslab run
-    for name, where in (("run-ckpt", "checkpoints/2.safetensors"), ("run-resume", "checkpoints/resume.safetensors"), ("run-splits", "splits.safetensors")):
+    for name, where in (
+        ("run-ckpt", "checkpoints/2.safetensors"),
+        ("run-resume", "checkpoints/resume.safetensors"),
+        ("run-splits", "splits.safetensors"),
+    ):
         shutil.copytree(run, root / name)
         (root / name / where).write_bytes(zipped)
     shutil.copytree(run, root / "run-pt")
@@ -92,7 +96,9 @@ REFUSED = [  # (command, input relative to the world): must exit 2 with the pick
 def test_commands_refuse_pickles_and_say_how_to_convert(world, capsys, command, target):
     root, marker = world
     path = str(root / target)
-    argv = ["train", "--resume", "--out", path, "--no-progress"] if command == "train-resume" else [command, path, "--no-progress"]
+    argv = (
+        ["train", "--resume", "--out", path, "--no-progress"] if command == "train-resume" else [command, path, "--no-progress"]
+    )
     rc, err = run_cli(capsys, argv)
     last = err.strip().splitlines()[-1]
     assert rc == 2 and last.startswith("lenslab: error: ") and "Traceback" not in err

@@ -129,7 +129,11 @@ def main() -> None:
         outcomes[how if first.killed else "finished before the kill"] += 1
         if problems or lost:
             failures.append({"point": n, "fault": label, "spec": repr(spec), "after_kill": problems, "after_resume": lost[:5]})
-        print(f"[{n}] {label}: {'LOST ' + str((problems + lost)[:2]) if problems or lost else 'ok'} ({how})", file=sys.stderr, flush=True)
+        print(
+            f"[{n}] {label}: {'LOST ' + str((problems + lost)[:2]) if problems or lost else 'ok'} ({how})",
+            file=sys.stderr,
+            flush=True,
+        )
     summary = {
         "command": "lenslab " + " ".join(base),
         "reference": "python -m lenslab.cli (separate process); kills in forked children of one forkserver",

@@ -23,7 +23,7 @@ def test_modadd_seeded():
     assert a.tolist() == b.tolist() and a.tolist() != c.tolist()
 
 
-@pytest.mark.parametrize("kw", [dict(p=1), dict(train_frac=0.0), dict(train_frac=1.0), dict(p=5000)])
+@pytest.mark.parametrize("kw", [{"p": 1}, {"train_frac": 0.0}, {"train_frac": 1.0}, {"p": 5000}])
 def test_modadd_bad_parameters(kw):
     with pytest.raises(TaskError):
         ModAddTask(**kw)

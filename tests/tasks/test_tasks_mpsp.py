@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lenslab.tasks import MPSPTask, TaskError, make_mpsp_splits, n_consistent
+from lenslab.tasks.splits import check_ratio
 
 
 def brute_label(seq, k):
@@ -135,10 +136,16 @@ def test_large_space_uses_sampling_and_stays_exact():
     assert len({tuple(r) for r in s["train_tokens"].tolist()}) == 3000
 
 
-@pytest.mark.parametrize("ratio", [1.5, -0.1, float("nan"), "0.5"])
+@pytest.mark.parametrize("ratio", [1.5, -0.1, float("nan")])
 def test_bad_ratio_is_refused(ratio):
     with pytest.raises(TaskError, match="ratio"):
         make_mpsp_splits(MPSPTask(), ratio, 100, 10, 10)
+
+
+def test_ratio_of_the_wrong_type_is_refused():
+    # make_mpsp_splits is annotated ratio: float (checked under pytest); raw values (JSON, CLI) go through check_ratio
+    with pytest.raises(TaskError, match="ratio"):
+        check_ratio("0.5")
 
 
 def test_below_chance_ratio_is_valid():
@@ -151,7 +158,7 @@ def test_split_larger_than_the_space_is_refused():
         make_mpsp_splits(MPSPTask(seq_len=3, n_values=4), 0.5, 100, 10, 10)
 
 
-@pytest.mark.parametrize("kw", [dict(label="sum5"), dict(shortcut="last"), dict(seq_len=1), dict(n_values=1)])
+@pytest.mark.parametrize("kw", [{"label": "sum5"}, {"shortcut": "last"}, {"seq_len": 1}, {"n_values": 1}])
 def test_bad_task_parameters(kw):
     with pytest.raises(TaskError):
         MPSPTask(**kw)

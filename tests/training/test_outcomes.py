@@ -12,8 +12,10 @@ def _rows(adv, train=None, val=None, anti=None, step=10):
     train = train if train is not None else [0.9] * n
     val = val if val is not None else [0.9] * n
     anti = anti if anti is not None else [0.5] * n
-    return [{"epoch": i * step, "adv_acc": a, "train_acc": t, "validation_acc": v, "train_anti_acc": x}
-            for i, (a, t, v, x) in enumerate(zip(adv, train, val, anti))]
+    return [
+        {"epoch": i * step, "adv_acc": a, "train_acc": t, "validation_acc": v, "train_anti_acc": x}
+        for i, (a, t, v, x) in enumerate(zip(adv, train, val, anti))
+    ]
 
 
 def test_generalized_and_transient_follow_the_papers_rule():

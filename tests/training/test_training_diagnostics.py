@@ -117,7 +117,9 @@ def test_log_schedule_training_resume_and_extension(tmp_path):
     assert read_jsonl(tmp_path / "cut" / "metrics.jsonl") == read_jsonl(tmp_path / "straight" / "metrics.jsonl")
     for e in want:
         name = f"{e}.safetensors"
-        assert (tmp_path / "cut" / "checkpoints" / name).read_bytes() == (tmp_path / "straight" / "checkpoints" / name).read_bytes()
+        assert (tmp_path / "cut" / "checkpoints" / name).read_bytes() == (
+            tmp_path / "straight" / "checkpoints" / name
+        ).read_bytes()
 
     # extending the target: what was evaluated stays, later evaluations follow the new target's schedule
     train(tiny_modadd(epochs=100, eval_schedule="log", n_evals=6), tmp_path / "straight", resume=True, progress=False)

@@ -57,7 +57,9 @@ def test_float64_run_is_float64_everywhere_and_matches_a_plain_float64_loop(tmp_
     layout, _ = read_header(tmp_path / "f64" / "checkpoints" / "3.safetensors")
     assert {d for d, _ in layout.values()} - {"BOOL"} == {"F64"}  # BOOL: the causal-mask buffers
     resume_layout, _ = read_header(tmp_path / "f64" / "checkpoints" / "resume.safetensors")
-    assert {d for k, (d, _) in resume_layout.items() if not k.endswith(".step")} - {"BOOL"} == {"F64"}  # weights and AdamW moments
+    assert {d for k, (d, _) in resume_layout.items() if not k.endswith(".step")} - {"BOOL"} == {
+        "F64"
+    }  # weights and AdamW moments
     run = Run.open(tmp_path / "f64")
     model = run.model()
     assert run.dtype == torch.float64 and model.cfg.dtype == torch.float64
@@ -78,7 +80,9 @@ def test_float64_run_is_float64_everywhere_and_matches_a_plain_float64_loop(tmp_
     rows = read_jsonl(tmp_path / "f64" / "metrics.jsonl")
     logits = ref(run.splits["train_tokens"])[:, -1]
     # the trainer averages hits in float32 (as it always has): 0.15 is 0.15000000596
-    assert rows[-1]["train_acc"] == pytest.approx(float((logits.argmax(-1) == run.splits["train_labels"]).double().mean()), rel=1e-7)
+    assert rows[-1]["train_acc"] == pytest.approx(
+        float((logits.argmax(-1) == run.splits["train_labels"]).double().mean()), rel=1e-7
+    )
     # same forward on the same weights (within 1e-12): the mean loss agrees far below float32 resolution
     assert rows[-1]["train_loss"] == pytest.approx(float(F.cross_entropy(logits, run.splits["train_labels"])), rel=1e-10)
 

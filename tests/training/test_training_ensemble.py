@@ -51,8 +51,11 @@ def test_stacked_logits_equal_hooked_transformer(layers, heads):
     got = stack(tokens)
     for e, m in enumerate(models):
         want = m(tokens[e])[:, -1]
+        # batched (einsum over members) vs per-model matmuls: float32 sums in another order and kernel
+        # blocking; logits are O(1-10), so a few ulps (~1e-6) on any CPU or thread count; 1e-5 is 10x that
         torch.testing.assert_close(got[e], want, atol=1e-5, rtol=0)
         loaded = build_model(kw)
+        # the same HookedTransformer code on the same weights and inputs: bitwise on any one machine
         loaded.load_state_dict(stack.member_state_dict(e))
         torch.testing.assert_close(loaded(tokens[e])[:, -1], want, atol=0, rtol=0)
 
@@ -64,6 +67,7 @@ def test_stacked_logits_equal_hooked_transformer_without_layernorm():
     tokens = torch.stack([torch.randint(0, 11, (40, 3), generator=torch.Generator().manual_seed(s)) for s in range(2)])
     tokens[..., -1] = 11
     for e, m in enumerate(models):
+        # as above: reordered float32 sums (einsum vs matmul, kernel blocking), a few ulps of O(1-10) logits
         torch.testing.assert_close(stack(tokens)[e], m(tokens[e])[:, -1], atol=1e-5, rtol=0)
 
 
@@ -85,10 +89,13 @@ def test_stacked_adamw_equals_torch_adamw_per_member():
                 refs[e].grad = grad[e].clone()
                 opts[e].step()
     for e in range(3):
+        # elementwise float32 arithmetic only (no reductions): torch's fused/foreach AdamW and ours may round
+        # sqrt/division differently by an ulp per step (vectorised vs scalar kernels, ISA); 8 steps stay < 1e-6
         torch.testing.assert_close(stacked[e], refs[e].detach(), atol=1e-7, rtol=1e-6)
         ref_state = opts[e].state_dict()["state"][0]
         mine = sopt.member_state(e)[0]
         assert mine["step"].item() == ref_state["step"].item()
+        # squared gradients (O(1)) averaged elementwise: an ulp of rounding per step, as for the weights
         torch.testing.assert_close(mine["exp_avg_sq"], ref_state["exp_avg_sq"], atol=1e-9, rtol=1e-6)
 
 
@@ -123,6 +130,9 @@ def test_member_follows_the_single_seed_trajectory_step_by_step(tmp_path):
     for ra, rb in zip(alone.metrics, member.metrics):
         for key in ("train_acc", "validation_acc", "adv_acc", "train_anti_acc"):
             assert abs(ra[key] - rb[key]) <= 1 / 256, (key, ra[key], rb[key])  # one example of 256: an argmax tie at most
+        # early steps, compared tightly: two float32 gradient norms of reordered sums (batched vs per-model,
+        # kernel blocking, thread count) agree to ~1e-7 relative; their ratio to 2e-6. The cosine (conflict)
+        # is a difference of O(1) terms, hence absolute 1e-5.
         assert rb["grad_amplification"] == pytest.approx(ra["grad_amplification"], rel=2e-6)
         assert rb["grad_conflict"] == pytest.approx(ra["grad_conflict"], abs=1e-5)
     _close_weights(alone, member, atol=1e-6)  # weights are O(0.1-1); 36 steps of reordered sums move them ~1e-7
@@ -181,6 +191,8 @@ def test_interrupt_and_resume_is_bitwise_identical_and_mixed_start_epochs(tmp_pa
     train(tiny_config(seed=0, epochs=2), mixed[0], progress=False)
     train_ensemble(cfgs, mixed, resume=True, progress=False)
     assert [r["epoch"] for r in Run.open(mixed[0]).metrics] == [0, 2, 4, 6]
+    # 6 steps, the first 2 by the single-seed trainer: reordered float32 sums (batched vs plain, kernel
+    # blocking, threads) move weights of O(0.1-1) by ~1e-7 per step; 1e-5 bounds 6 steps on any CPU
     _close_weights(Run.open(straight[0]), Run.open(mixed[0]), atol=1e-5)
     _close_weights(Run.open(straight[1]), Run.open(mixed[1]), atol=1e-5)
 
@@ -192,8 +204,19 @@ def test_member_is_bitwise_independent_of_ensemble_size_and_position(tmp_path):
     from lenslab.training.config import mpsp_run_config
 
     def cfg(seed, ratio=0.9, wd=0.1):
-        return mpsp_run_config(ratio=ratio, layers=2, heads=2, n_train=1024, n_val=128, n_adv=128,
-                               seed=seed, epochs=4, eval_every=2, batch_size=256, weight_decay=wd)
+        return mpsp_run_config(
+            ratio=ratio,
+            layers=2,
+            heads=2,
+            n_train=1024,
+            n_val=128,
+            n_adv=128,
+            seed=seed,
+            epochs=4,
+            eval_every=2,
+            batch_size=256,
+            weight_decay=wd,
+        )
 
     alone = tmp_path / "alone"
     train_ensemble([cfg(5)], [alone], progress=False)

@@ -30,7 +30,9 @@ NOISE_ONLY = "attn.b_K"
 
 
 def _cfg(seed, wd, data_seed=0, dtype="float32"):
-    return modadd_run_config(p=13, train_frac=0.5, data_seed=data_seed, seed=seed, weight_decay=wd, epochs=8, eval_every=1, dtype=dtype)
+    return modadd_run_config(
+        p=13, train_frac=0.5, data_seed=data_seed, seed=seed, weight_decay=wd, epochs=8, eval_every=1, dtype=dtype
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -46,13 +48,21 @@ def test_modadd_member_follows_the_single_seed_trainer(tmp_path, dtype):
         if epoch > last:
             break
         sa, sb = {k: v.clone() for k, v in ma.state_dict().items()}, mb.state_dict()
-        keys = [k for k, v in sa.items() if v.dtype.is_floating_point and v.isfinite().all() and (dtype == "float64" or NOISE_ONLY not in k)]
+        keys = [
+            k
+            for k, v in sa.items()
+            if v.dtype.is_floating_point and v.isfinite().all() and (dtype == "float64" or NOISE_ONLY not in k)
+        ]
         assert all(sa[k].dtype == sb[k].dtype == getattr(torch, dtype) for k in keys)
         diff = torch.cat([(sa[k].double() - sb[k].double()).abs().flatten() for k in keys])
         if dtype == "float64":
             assert diff.max() <= 1e-12, (epoch, float(diff.max()))
         else:
-            assert (diff > 1e-6).double().mean() <= 1e-4 and diff.max() <= 1e-4, (epoch, float((diff > 1e-6).double().mean()), float(diff.max()))
+            assert (diff > 1e-6).double().mean() <= 1e-4 and diff.max() <= 1e-4, (
+                epoch,
+                float((diff > 1e-6).double().mean()),
+                float(diff.max()),
+            )
     for ra, rb in zip(alone.metrics[: last + 1], member.metrics[: last + 1]):
         assert ra["epoch"] == rb["epoch"]
         for key in ("train_acc", "test_acc"):

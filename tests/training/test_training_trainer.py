@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 
 import numpy as np
@@ -136,16 +135,40 @@ def test_epochs_is_the_total_on_resume(tmp_path):
         train(tiny_config(epochs=3, eval_every=1), tmp_path / "short", resume=True, progress=False)
 
 
+_RNG_PROBE = """
+import random, sys
+import numpy as np, torch
+sys.path.insert(0, sys.argv[2])
+from helpers import tiny_config
+from lenslab.training.trainer import train
+
+def draw():
+    return (random.random(), np.random.rand(), torch.rand(1).item())
+
+def reseed():
+    random.seed(123); np.random.seed(123); torch.manual_seed(123)
+
+reseed(); expect = draw(); reseed()
+train(tiny_config(epochs=2), sys.argv[1], progress=False)
+print(draw() == expect)
+"""
+
+
 def test_same_seed_same_run_and_global_rng_untouched(tmp_path):
-    random.seed(123)
-    np.random.seed(123)
-    torch.manual_seed(123)
-    expect = (random.random(), np.random.rand(), torch.rand(1).item())
-    random.seed(123)
-    np.random.seed(123)
-    torch.manual_seed(123)
-    train(tiny_config(epochs=2), tmp_path / "a", progress=False)
-    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expect
+    # In a fresh process without the test-time type checker: beartype (tests/conftest.py) samples
+    # container items with Python's global `random`, which would hide what lenslab itself does.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run(
+        [sys.executable, "-c", _RNG_PROBE, str(tmp_path / "a"), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stdout + out.stderr
     train(tiny_config(epochs=2), tmp_path / "b", progress=False)
     train(tiny_config(epochs=2, seed=1), tmp_path / "c", progress=False)
     a, b, c = (weights(tmp_path / d, 2) for d in "abc")
@@ -270,7 +293,7 @@ def test_labels_outside_the_models_classes_are_a_clear_error(tmp_path):
     save_splits(out, splits)
     before = (out / "metrics.jsonl").read_bytes()
     with pytest.raises(RunError, match=rf"train_labels holds values outside \[0, {cfg['model']['d_vocab_out']}\)"):
-        Run.open(out).splits
+        _ = Run.open(out).splits
     with pytest.raises(RunError, match="train_labels holds values outside"):
         train(cfg, out, resume=True, progress=False)
     assert (out / "metrics.jsonl").read_bytes() == before

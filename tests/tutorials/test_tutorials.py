@@ -90,7 +90,9 @@ def test_tutorial_runs_in_quick_mode(name, tmp_path, monkeypatch, kernel_dir):
     monkeypatch.setenv("LENSLAB_TUTORIAL_MODE", "quick")
     nb = nbformat.read(TUTORIALS / f"{name}.ipynb", as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell("import sys, os\nprint(sys.executable)\nprint(os.getcwd())"))
-    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)], ensure_native_kernel=False))
+    km = KernelManager(
+        kernel_name=KERNEL, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)], ensure_native_kernel=False)
+    )
     client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, allow_errors=False, resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError on the first failing cell (its assertions included)
 

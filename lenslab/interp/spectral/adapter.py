@@ -116,7 +116,9 @@ def plan_matrices(
             continue
         for ref in cands:
             if min(ref.shape) < MIN_DIM:
-                skipped.append(Skipped(ref.name, ref.shape, f"min(N, M) = {min(ref.shape)} < {MIN_DIM}: one eigenvalue, no bulk to fit"))
+                skipped.append(
+                    Skipped(ref.name, ref.shape, f"min(N, M) = {min(ref.shape)} < {MIN_DIM}: one eigenvalue, no bulk to fit")
+                )
             else:
                 refs.append(ref)
     return refs, skipped
@@ -174,7 +176,9 @@ def state_dict_of(source) -> dict[str, Tensor]:
             return read_safetensors(path)[0]
         except RunError as e:
             raise SpectralError(str(e)) from None
-    raise SpectralError(f"cannot read weights from a {type(source).__name__}; pass a HookedTransformer, nn.Module, state dict or path")
+    raise SpectralError(
+        f"cannot read weights from a {type(source).__name__}; pass a HookedTransformer, nn.Module, state dict or path"
+    )
 
 
 @dataclass

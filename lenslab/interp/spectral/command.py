@@ -1,84 +1,12 @@
-"""``lenslab traps PATH``: the entry point the CLI calls, and its human-readable table."""
+"""``lenslab traps PATH``: the entry point the CLI calls (``paths.scan_path``'s typed result as a JSON
+document) and its human-readable table. No analysis here: the library path is ``paths.scan_path``."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Collection
-from pathlib import Path
 
-from lenslab.interp.spectral.errors import SpectralError
-from lenslab.interp.spectral.scan import scan_files, shard_files
-from lenslab.interp.spectral.traps import MODES
-
-JSD_PROBES = 256  # random-token probes per J_k
-JSD_NULL = 20  # random rank-1 replacements for the null distribution
-
-
-def _is_run_dir(path: Path) -> bool:
-    """A folder with a ``config.json`` that is (or claims to be, or is too broken to tell) a lenslab run.
-
-    A Hugging Face model folder also has a ``config.json`` (a JSON object without lenslab's
-    ``format``) next to its ``*.safetensors``: that one is scanned as shards, not refused as a bad run.
-    """
-    config = path / "config.json"
-    if not (path.is_dir() and config.is_file()):
-        return False
-    has_shards = any(path.glob("*.safetensors")) and not (path / "splits.safetensors").is_file()
-    if not has_shards:
-        return True
-    try:
-        data = json.loads(config.read_bytes()[: 1 << 20])
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return True  # let the run reader say what is wrong with it
-    return not isinstance(data, dict) or str(data.get("format", "")).startswith("lenslab")
-
-
-def _is_checkpoint(path: Path) -> bool:
-    return path.is_file() and path.parent.name == "checkpoints" and _is_run_dir(path.parent.parent)
-
-
-def resolve(path: str | Path) -> tuple[str, list[tuple[int | None, Path]], Path | None]:
-    """``(kind, [(epoch, file)], run_dir)`` for a run dir, a checkpoint, a shard folder or one file."""
-    from lenslab.training.errors import RunError
-    from lenslab.training.run import Run
-
-    path = Path(path)
-    if not path.exists():
-        raise SpectralError(f"{path}: no such file or directory")
-    if _is_run_dir(path) or _is_checkpoint(path):
-        try:
-            run = Run.open(path)
-        except RunError as e:
-            raise SpectralError(str(e)) from None
-        if run.focus is not None:
-            return "checkpoint", [(run.focus_epoch(), run.focus)], run.path
-        ckpts = run.checkpoints()
-        if not ckpts:
-            raise SpectralError(f"{path}: the run has no checkpoints yet")
-        return "run", [(e, p) for e, p in ckpts], run.path
-    if path.is_dir():
-        return "shards", [(None, f) for f in shard_files(path)], None
-    if path.suffix == ".safetensors":
-        return "file", [(None, path)], None
-    raise SpectralError(f"{path}: expected a run directory, a checkpoint, a .safetensors file or a folder of shards")
-
-
-def _jsd_rows(run_dir: Path, epoch: int | None, mode: str, seed: int) -> list[dict]:
-    from lenslab.interp.spectral.jsd import trap_jsd
-    from lenslab.training.run import Run
-
-    run = Run.open(run_dir)
-    model = run.model(epoch)
-    split = None
-    try:
-        splits = run.splits
-        name = "test" if "test_tokens" in splits else ("adv" if "adv_tokens" in splits else None)
-        if name:
-            split = (splits[f"{name}_tokens"], splits[f"{name}_labels"])
-    except Exception:  # noqa: BLE001
-        split = None  # no splits file: J_k only
-    return [r.to_record() for r in trap_jsd(model, mode=mode, seed=seed, split=split, n_probes=JSD_PROBES, n_null=JSD_NULL)]
+from lenslab.interp.spectral.paths import TrapScan, resolve, scan_path  # noqa: F401 (resolve: kept importable from here)
 
 
 def traps_command(
@@ -92,44 +20,32 @@ def traps_command(
     progress: bool = True,
     epochs: Collection[int] | None = None,
 ) -> dict:
-    """Trap rows, with each matrix's HTSR α columns (``htsr.alpha_record``), for every checkpoint (or the one file / shard folder) at ``path``.
+    """``scan_path(...)`` as the ``lenslab traps --json`` document.
 
-    Returns ``{"kind", "path", "mode", "seed", "checkpoints": [{"checkpoint", "epoch", "matrices", "skipped"[, "jsd"]}]}``;
-    for shards all files form one entry. ``jsd=True`` (run dirs and checkpoints only) adds trap-replacement J_k rows.
-    ``epochs`` (run directories only) keeps just those checkpoints.
+    Returns ``{"kind", "path", "mode", "seed", "n_shuffles", "checkpoints": [{"checkpoint", "epoch", "matrices", "skipped"[, "error"][, "jsd"]}]}``;
+    see ``paths.scan_path`` for the arguments.
     """
-    if mode not in MODES:
-        raise SpectralError(f"--mode {mode!r} is not one of {MODES}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise SpectralError(f"--seed {seed!r} must be an integer")
-    kind, items, run_dir = resolve(path)
-    if epochs is not None and kind == "run":
-        wanted = set(epochs)
-        items = [(e, f) for e, f in items if e in wanted]
-    if jsd and run_dir is None:
-        raise SpectralError(f"{path}: --jsd needs a lenslab run (its config builds the model); shard folders have none")
-    groups = [(str(Path(path)), None, [f for _, f in items])] if kind == "shards" else [(str(f), e, [f]) for e, f in items]
-    out = []
-    for label, epoch, files in groups:
-        entry = {"checkpoint": label, "epoch": epoch}
-        try:
-            entry.update(scan_files(files, mode, seed, n_shuffles, workers, executor, progress, desc=Path(label).name))
-        except SpectralError as e:
-            if kind != "run":
-                raise
-            entry.update(matrices=[], skipped=[], error=str(e))  # one bad checkpoint does not stop the run
-        if jsd and "error" not in entry:
-            entry["jsd"] = _jsd_rows(run_dir, epoch, mode, seed)
-        out.append(entry)
-    return {"kind": kind, "path": str(path), "mode": mode, "seed": seed, "n_shuffles": n_shuffles, "checkpoints": out}
+    return scan_path(
+        path,
+        mode=mode,
+        seed=seed,
+        n_shuffles=n_shuffles,
+        jsd=jsd,
+        workers=workers,
+        executor=executor,
+        progress=progress,
+        epochs=epochs,
+    ).to_dict()
 
 
 def _fmt(x, spec: str = ".4g") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def format_traps_table(result: dict) -> str:
+def format_traps_table(result: dict | TrapScan) -> str:
     """One block per checkpoint: a row per matrix (traps, λ₊, threshold, largest/λ₊, HTSR α and its KS distance, or the error)."""
+    if isinstance(result, TrapScan):
+        result = result.to_dict()
     lines = [f"traps ({result.get('mode', '?')} mode, seed {result.get('seed', '?')}) for {result.get('path', '')}"]
     for ck in result["checkpoints"]:
         lines.append("")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,7 +83,7 @@ def _nan(n_evals: int, reason: str, xmin: float = math.nan, ks: float = math.nan
     return AlphaFit.failed(reason, n_evals, xmin, ks, n_tail)
 
 
-def esd(w: Float[Tensor, "n m"]) -> Float[Tensor, " m"]:
+def esd(w: Float[Tensor, "n m"]) -> Float[Tensor, " k"]:  # k = min(n, m)
     """Ascending eigenvalues of WᵀW (W oriented so that N ≥ M), float64: the squared singular values."""
     w = w.detach().to("cpu", torch.float64)
     a = w if w.shape[0] >= w.shape[1] else w.T
@@ -153,7 +154,7 @@ def fit_power_law(evals, min_tail: int = MIN_TAIL) -> AlphaFit:
     return AlphaFit(float(alpha[i]), xmin, ks, n_tail, n)
 
 
-def htsr_alpha(w: Float[Tensor, "n m"], name: str = "W", min_tail: int = MIN_TAIL) -> AlphaFit:
+def htsr_alpha(w: Any, name: str = "W", min_tail: int = MIN_TAIL) -> AlphaFit:
     """α of one 2-D matrix; bad input (wrong shape or dtype, NaN/inf, M < 8) gives NaN and a reason, not an exception."""
     if isinstance(w, np.ndarray):
         w = torch.from_numpy(w)

@@ -32,7 +32,9 @@ from lenslab.interp.spectral.shuffle import make_generator
 from lenslab.interp.spectral.traps import TrapComponent, detect_traps
 
 
-def js_divergence(p_logits: Float[Tensor, "batch k"], q_logits: Float[Tensor, "batch k"], temperature: float = 1.0) -> Float[Tensor, " batch"]:
+def js_divergence(
+    p_logits: Float[Tensor, "batch k"], q_logits: Float[Tensor, "batch k"], temperature: float = 1.0
+) -> Float[Tensor, " batch"]:
     """Per-row Jensen–Shannon divergence (natural log) between softmax(p/T) and softmax(q/T)."""
     p = torch.softmax(p_logits.double() / temperature, -1)
     q = torch.softmax(q_logits.double() / temperature, -1)

@@ -5,7 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from lenslab.interp.common import Table
-from lenslab.interp.spectral.command import traps_command
+from lenslab.interp.spectral.paths import scan_path
+
+# the columns of a scanned matrix record that each row carries (the record's ``name`` becomes ``matrix``)
+ROW_KEYS = (
+    "N",
+    "M",
+    "n_traps",
+    "n_traps_mean",
+    "n_traps_std",
+    "lambda_plus",
+    "threshold",
+    "alpha",
+    "ks",
+    "xmin",
+    "n_tail",
+    "alpha_reason",
+    "error",
+)
 
 
 def trap_counts_over_run(
@@ -28,32 +45,13 @@ def trap_counts_over_run(
 
     run = Run.open(path)
     epochs = None if max_checkpoints is None else select_checkpoints(run.epochs(), max_checkpoints)
-    result = traps_command(path, mode=mode, seed=seed, n_shuffles=n_shuffles, workers=workers, progress=progress, epochs=epochs)
+    scan = scan_path(path, mode=mode, seed=seed, n_shuffles=n_shuffles, workers=workers, progress=progress, epochs=epochs)
     by_epoch = {m.get("epoch"): m for m in run.metrics}
     acc_keys = sorted({k for m in run.metrics for k in m if k.endswith("_acc")})
     rows = Table()
-    for ck in result["checkpoints"]:
-        metrics = by_epoch.get(ck["epoch"], {})
+    for ck in scan.checkpoints:
+        metrics = by_epoch.get(ck.epoch, {})
         accs = {k: metrics.get(k) for k in acc_keys}
-        for r in ck["matrices"]:
-            rows.append(
-                {
-                    "epoch": ck["epoch"],
-                    "matrix": r["name"],
-                    "N": r["N"],
-                    "M": r["M"],
-                    "n_traps": r["n_traps"],
-                    "n_traps_mean": r["n_traps_mean"],
-                    "n_traps_std": r["n_traps_std"],
-                    "lambda_plus": r["lambda_plus"],
-                    "threshold": r["threshold"],
-                    "alpha": r["alpha"],
-                    "ks": r["ks"],
-                    "xmin": r["xmin"],
-                    "n_tail": r["n_tail"],
-                    "alpha_reason": r["alpha_reason"],
-                    "error": r["error"],
-                    **accs,
-                }
-            )
+        for r in ck.matrices:
+            rows.append({"epoch": ck.epoch, "matrix": r["name"], **{k: r[k] for k in ROW_KEYS}, **accs})
     return rows

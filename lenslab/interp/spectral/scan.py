@@ -1,10 +1,11 @@
 """Scan safetensors files matrix by matrix: a run's checkpoints or a folder of HF-style shards.
 
-Each task names one matrix (file, key, head/pattern); the worker memory-maps the file with
-``safetensors.safe_open``, reads that one tensor, analyses it and drops it, so memory stays
-bounded by the largest matrix (times the number of workers). ``executor="local"`` runs tasks on a
-thread pool (the Gram product and ``eigvalsh`` release the GIL); ``executor="ray"`` sends them
-to Ray workers (optional dependency).
+Each job (a ``ScanJob``) names one matrix (file, key, head/pattern) and the analysis settings;
+the worker memory-maps the file with ``safetensors.safe_open``, reads that one tensor, analyses
+it and drops it, so memory stays bounded by the largest matrix (times the number of workers).
+``executor="local"`` runs jobs on a thread pool (the Gram product and ``eigvalsh`` release the
+GIL); ``executor="ray"`` sends them to Ray workers (optional dependency). Every option is checked
+once, in ``ScanOptions``, before any file is read or any worker starts.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import no_type_check
 
 import torch
 from safetensors import safe_open
@@ -22,11 +24,50 @@ from tqdm import tqdm
 from lenslab.interp.spectral.adapter import MatrixRef, Skipped, plan_matrices, to_2d
 from lenslab.interp.spectral.errors import SpectralError
 from lenslab.interp.spectral.htsr import AlphaFit, alpha_record, htsr_alpha
-from lenslab.interp.spectral.traps import TrapRow, detect_traps
+from lenslab.interp.spectral.traps import MODES, TrapRow, detect_traps
 from lenslab.training.errors import RunError
 from lenslab.training.runio import refuse_pickle
 
 EXECUTORS = ("local", "ray")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@no_type_check  # validates raw option values itself, with the CLI's readable errors
+@dataclass(frozen=True)
+class ScanOptions:
+    """How to scan: trap mode, seed, shuffles per matrix, workers and executor; checked on construction."""
+
+    mode: str = "robust"
+    seed: int = 0
+    n_shuffles: int = 1
+    workers: int = 2
+    executor: str = "local"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise SpectralError(f"--mode {self.mode!r} is not one of {MODES}")
+        if not _is_int(self.seed):
+            raise SpectralError(f"--seed {self.seed!r} must be an integer")
+        if not _is_int(self.n_shuffles) or self.n_shuffles < 1:
+            raise SpectralError(f"n_shuffles={self.n_shuffles!r} must be an integer >= 1")
+        if not _is_int(self.workers) or self.workers < 1:
+            raise SpectralError(f"workers={self.workers!r} must be an integer >= 1")
+        if self.executor not in EXECUTORS:
+            raise SpectralError(f"executor={self.executor!r} is not one of {EXECUTORS}")
+
+
+@dataclass(frozen=True)
+class ScanJob:
+    """One worker's job: the matrix ``ref`` in ``file``, analysed with ``mode``/``seed``/``n_shuffles``."""
+
+    file: str
+    ref: MatrixRef
+    mode: str
+    seed: int
+    n_shuffles: int
 
 
 def _one_line(e: Exception) -> str:
@@ -74,9 +115,9 @@ def plan_files(
     return [(where[r.key], r) for r in refs], skipped
 
 
-def analyze_task(task: tuple) -> dict:
+def analyze_task(job: ScanJob) -> dict:
     """Read one matrix from its file and return its trap row plus its HTSR α columns as a dict (errors become error rows)."""
-    file, ref, mode, seed, n_shuffles = task
+    file, ref, mode, seed, n_shuffles = job.file, job.ref, job.mode, job.seed, job.n_shuffles
     try:
         with safe_open(file, framework="pt") as h:
             t = h.get_tensor(ref.key)
@@ -94,14 +135,9 @@ def analyze_task(task: tuple) -> dict:
     return rec
 
 
-def run_tasks(
-    tasks: list[tuple], workers: int = 2, executor: str = "local", progress: bool = True, desc: str = "traps"
-) -> list[dict]:
-    """Results of ``analyze_task`` over ``tasks``, in order."""
-    if executor not in EXECUTORS:
-        raise SpectralError(f"executor={executor!r} is not one of {EXECUTORS}")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise SpectralError(f"workers={workers!r} must be an integer >= 1")
+def run_tasks(tasks: list[ScanJob], options: ScanOptions, progress: bool = True, desc: str = "traps") -> list[dict]:
+    """Results of ``analyze_task`` over ``tasks``, in order, with ``options``' workers and executor (already checked)."""
+    workers, executor = options.workers, options.executor
     bar = tqdm(total=len(tasks), desc=desc, file=sys.stderr, disable=not progress, leave=False)
     try:
         if executor == "ray":
@@ -153,7 +189,15 @@ def scan_files(
     per_head: bool = False,
     desc: str = "traps",
 ) -> dict:
-    """``{"matrices": [...], "skipped": [...]}`` for the matrices held in ``files``."""
+    """``{"matrices": [...], "skipped": [...]}`` for the matrices held in ``files`` (options checked before any read)."""
+    options = ScanOptions(mode, seed, n_shuffles, workers, executor)
+    return scan_with(files, options, progress, per_head, desc)
+
+
+def scan_with(
+    files: list[Path], options: ScanOptions, progress: bool = True, per_head: bool = False, desc: str = "traps"
+) -> dict:
+    """``scan_files`` with its options already checked: headers first, then one ``ScanJob`` per matrix."""
     plan, skipped = plan_files(files, per_head=per_head)
-    tasks = [(f, ref, mode, seed, n_shuffles) for f, ref in plan]
-    return {"matrices": run_tasks(tasks, workers, executor, progress, desc), "skipped": [asdict(s) for s in skipped]}
+    jobs = [ScanJob(str(f), ref, options.mode, options.seed, options.n_shuffles) for f, ref in plan]
+    return {"matrices": run_tasks(jobs, options, progress, desc), "skipped": [asdict(s) for s in skipped]}

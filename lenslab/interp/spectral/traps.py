@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -207,8 +208,16 @@ def _trial(w: Tensor, perms: list[Tensor], mode: str, tw_c: float, details: bool
             comps += _components(wr, p, thr)
         comps.sort(key=lambda c: -c.s)
         loc = _localization(w, shuffled[0], comps, lam_plus) if len(perms) == 1 else _pooled_loc(w, shuffled, comps, lam_plus)
-    return dict(sigma2=sigma2, sigma_norm=sigma_norm, lambda_plus=lam_plus, threshold=thr, lambda_max=float(evals.max()),
-                trap_evals=trap_evals, comps=comps, loc=loc)
+    return {
+        "sigma2": sigma2,
+        "sigma_norm": sigma_norm,
+        "lambda_plus": lam_plus,
+        "threshold": thr,
+        "lambda_max": float(evals.max()),
+        "trap_evals": trap_evals,
+        "comps": comps,
+        "loc": loc,
+    }
 
 
 def _pooled_loc(w, shuffled, comps, lam_plus):
@@ -226,9 +235,13 @@ def check_matrix(w, name: str = "W") -> Tensor:
     if not isinstance(w, Tensor):
         raise SpectralError(f"{name}: expected a 2-D tensor, got {type(w).__name__}")
     if w.ndim != 2:
-        raise SpectralError(f"{name}: expected a 2-D matrix, got shape {tuple(w.shape)}; pass 2-D matrices (see interp.spectral.adapter)")
+        raise SpectralError(
+            f"{name}: expected a 2-D matrix, got shape {tuple(w.shape)}; pass 2-D matrices (see interp.spectral.adapter)"
+        )
     if min(w.shape) < MIN_DIM:
-        raise SpectralError(f"{name}: shape {tuple(w.shape)} is too small (min(N, M) < {MIN_DIM}): a 1×M matrix has no bulk to fit")
+        raise SpectralError(
+            f"{name}: shape {tuple(w.shape)} is too small (min(N, M) < {MIN_DIM}): a 1×M matrix has no bulk to fit"
+        )
     if not (w.is_floating_point() or w.is_complex()) or w.is_complex():
         raise SpectralError(f"{name}: dtype {w.dtype} is not a real floating-point type")
     w = w.detach().to("cpu", torch.float64)
@@ -239,7 +252,7 @@ def check_matrix(w, name: str = "W") -> Tensor:
 
 
 def detect_traps(
-    w: Float[Tensor, "n m"],
+    w: Any,  # a 2-D float matrix; anything else gives an error row, not an exception
     name: str = "W",
     mode: str = "robust",
     seed: int = 0,

@@ -29,10 +29,16 @@ def write_shard_folder(folder: Path) -> dict[str, torch.Tensor]:
     """Two HF-style shards plus an index in ``folder``: planted traps in two matrices, a pure
     Gaussian matrix, a bias, a 1×M and a NaN matrix. Returns the tensors written."""
     nan = planted(64, 32, [float("nan")], seed=4).float()
-    a = {"layers.0.mlp.up.weight": planted(256, 64, SPIKES["layers.0.mlp.up.weight"], seed=1).float(),
-         "layers.0.mlp.up.bias": torch.zeros(256), "tiny.weight": planted(1, 64, [], seed=5).float()}
-    b = {"layers.1.attn.q.weight": planted(160, 160, SPIKES["layers.1.attn.q.weight"], seed=2).float(),
-         "lm_head.weight": planted(200, 40, [], seed=3).float(), "broken.weight": nan}
+    a = {
+        "layers.0.mlp.up.weight": planted(256, 64, SPIKES["layers.0.mlp.up.weight"], seed=1).float(),
+        "layers.0.mlp.up.bias": torch.zeros(256),
+        "tiny.weight": planted(1, 64, [], seed=5).float(),
+    }
+    b = {
+        "layers.1.attn.q.weight": planted(160, 160, SPIKES["layers.1.attn.q.weight"], seed=2).float(),
+        "lm_head.weight": planted(200, 40, [], seed=3).float(),
+        "broken.weight": nan,
+    }
     save_file(a, str(folder / "model-00001-of-00002.safetensors"))
     save_file(b, str(folder / "model-00002-of-00002.safetensors"))
     weight_map = {k: "model-00001-of-00002.safetensors" for k in a} | {k: "model-00002-of-00002.safetensors" for k in b}

@@ -13,7 +13,15 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from lenslab.interp.spectral import AlphaFit, alpha_table, fit_power_law, format_traps_table, htsr_alpha, trap_count_figure, traps_command
+from lenslab.interp.spectral import (
+    AlphaFit,
+    alpha_table,
+    fit_power_law,
+    format_traps_table,
+    htsr_alpha,
+    trap_count_figure,
+    traps_command,
+)
 from lenslab.interp.spectral.htsr import EVALS_THRESH, MIN_TAIL, SMALL_N, SMALL_N_K_MIN
 from lenslab.interp.spectral.run import trap_counts_over_run
 

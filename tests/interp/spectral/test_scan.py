@@ -46,7 +46,9 @@ def test_workers_and_modes_agree(shard_folder):
     two = traps_command(folder, workers=2, progress=False)
     assert same_result(one, two)
     ww = traps_command(folder, mode="weightwatcher", progress=False)
-    assert {r["name"]: r["n_traps"] for r in ww["checkpoints"][0]["matrices"]}["layers.0.mlp.up.weight"] == 10  # 2 traps x 5 pooled shuffles (M = 64 < 100)
+    assert {r["name"]: r["n_traps"] for r in ww["checkpoints"][0]["matrices"]}[
+        "layers.0.mlp.up.weight"
+    ] == 10  # 2 traps x 5 pooled shuffles (M = 64 < 100)
 
 
 def test_ray_executor(shard_folder, monkeypatch):
@@ -55,8 +57,7 @@ def test_ray_executor(shard_folder, monkeypatch):
     with pytest.raises(SpectralError, match="pip install"):
         traps_command(folder, executor="ray", progress=False)
     # the wiring, with a stand-in that runs remote functions inline
-    fake = types.SimpleNamespace(is_initialized=lambda: True, get=lambda x: x,
-                                 remote=lambda f: types.SimpleNamespace(remote=f))
+    fake = types.SimpleNamespace(is_initialized=lambda: True, get=lambda x: x, remote=lambda f: types.SimpleNamespace(remote=f))
     monkeypatch.setitem(sys.modules, "ray", fake)
     res = traps_command(folder, executor="ray", progress=False)
     assert same_result(res, traps_command(folder, progress=False))
@@ -75,10 +76,10 @@ def test_bad_paths(tmp_path):
 
 
 def test_run_directory_and_checkpoint(run_dir, monkeypatch):
-    from lenslab.interp.spectral import command
+    from lenslab.interp.spectral import paths
 
-    monkeypatch.setattr(command, "JSD_NULL", 4)  # keep the test fast; the null's size is not under test here
-    monkeypatch.setattr(command, "JSD_PROBES", 64)
+    monkeypatch.setattr(paths, "JSD_NULL", 4)  # keep the test fast; the null's size is not under test here
+    monkeypatch.setattr(paths, "JSD_PROBES", 64)
     res = traps_command(run_dir, progress=False)
     assert res["kind"] == "run" and [c["epoch"] for c in res["checkpoints"]] == [0, 10]
     counts = [{r["name"]: r["n_traps"] for r in c["matrices"]} for c in res["checkpoints"]]
@@ -131,3 +132,48 @@ def test_a_pickle_named_safetensors_in_a_shard_folder_is_refused(shard_folder):
     (folder / "model-00002-of-00002.safetensors").write_bytes(b"\x80\x04K\x01.")  # pickle protocol 4, under a shard's name
     with pytest.raises(SpectralError, match="pickle.*never unpickles"):
         traps_command(folder, progress=False)
+
+
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"n_shuffles": 0}, "n_shuffles"),
+        ({"workers": 0}, "workers"),
+        ({"executor": "dask"}, "executor"),
+        ({"mode": "nope"}, "mode"),
+        ({"seed": 1.5}, "seed"),
+        ({"n_shuffles": True}, "n_shuffles"),
+    ],
+)
+def test_every_option_is_checked_before_the_path_is_read(tmp_path, bad, match):
+    """One check of all options, before any I/O: a missing path is not even looked at."""
+    from jaxtyping import TypeCheckError
+
+    from lenslab.interp.spectral.scan import ScanOptions
+
+    # a float seed meets traps_command's `seed: int` annotation first when the checker runs (pytest)
+    with pytest.raises((SpectralError, TypeCheckError), match=match):
+        traps_command(tmp_path / "missing", progress=False, **bad)
+    # ScanOptions itself (what traps_command builds first) refuses the same raw values
+    opts = {k: v for k, v in bad.items() if k in ScanOptions.__dataclass_fields__}
+    if opts:
+        with pytest.raises(SpectralError, match=match):
+            ScanOptions(**opts)
+
+
+def test_jobs_are_frozen_dataclasses_and_the_library_path_is_typed(shard_folder):
+    import dataclasses
+
+    from lenslab.interp.spectral import ScanJob, ScanOptions, TrapScan, scan_path
+    from lenslab.interp.spectral.scan import plan_files, shard_files
+
+    folder, _ = shard_folder
+    plan, _ = plan_files(shard_files(folder))
+    job = ScanJob(plan[0][0], plan[0][1], "robust", 0, 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.seed = 1  # type: ignore[misc]
+    assert ScanOptions().workers == 2
+    scan = scan_path(folder, workers=1, progress=False)
+    assert isinstance(scan, TrapScan) and scan.kind == "shards" and len(scan.checkpoints) == 1
+    assert scan.to_dict() == traps_command(folder, workers=1, progress=False)
+    assert format_traps_table(scan) == format_traps_table(scan.to_dict())

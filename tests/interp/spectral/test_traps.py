@@ -59,7 +59,20 @@ def test_gaussian_false_positive_rate():
     matrices of these shapes). 2 % leaves room for that and still fails for a threshold at the bare
     MP edge (where about half of all matrices are flagged).
     """
-    shapes = [(64, 4), (40, 8), (100, 13), (128, 14), (50, 50), (200, 30), (128, 128), (10, 10), (20, 3), (512, 64), (3, 2), (96, 200)]
+    shapes = [
+        (64, 4),
+        (40, 8),
+        (100, 13),
+        (128, 14),
+        (50, 50),
+        (200, 30),
+        (128, 128),
+        (10, 10),
+        (20, 3),
+        (512, 64),
+        (3, 2),
+        (96, 200),
+    ]
     g = torch.Generator().manual_seed(11)
     flagged = total = 0
     for k in range(20):
