@@ -18,6 +18,8 @@ def data():
 def test_unablated_model_is_known(data):
     model, tokens, labels, _shortcut = data
     logits = model(tokens)[:, -1]
+    # hand-set weights give logits that are exact small sums of 0/±1/2 terms; LayerNorm-free float32 adds at most
+    # an ulp of O(1) per op in any order (kernel blocking, threads, ISA): 1e-6
     torch.testing.assert_close(logits, torch.nn.functional.one_hot(labels, 2).float(), atol=1e-6, rtol=0)
 
 
@@ -30,12 +32,14 @@ def test_zero_mean_resample_on_copy_head(data):
     rows = {r["target"]: r for r in table}
     assert rows["none"]["acc_s"] == 1.0
     # zero: all logits 0 -> argmax picks class 0 -> accuracy = fraction of label 0
+    # accuracies are counts over the batch: pytest.approx's default 1e-6 only absorbs float32 division
     assert rows["L0H0:zero"]["acc_s"] == pytest.approx(float((labels == 0).float().mean()))
     assert rows["L0.attn:zero"]["acc_s"] == pytest.approx(float((labels == 0).float().mean()))
     # resample from an all-odd reference: the head always reports class 1
     assert rows["L0H0:resample"]["acc_s"] == pytest.approx(float((labels == 1).float().mean()))
     # logit difference: unablated logits are onehot(label): +1 for every row (margin or vs shortcut)
     expected = torch.where(labels == shortcut, 1.0, 1.0).mean()
+    # a float32 mean of O(1) exact values: reordered sums (threads, blocking) move it by ~1e-7
     assert rows["none"]["logit_diff_s"] == pytest.approx(float(expected), abs=1e-5)
 
 
@@ -90,6 +94,8 @@ def test_batched_equals_one_forward_per_ablation(trained, splits):
 
         logits = trained.run_with_hooks(tokens, fwd_hooks=[(name, hook)])[:, -1]
         assert row["acc_v"] == pytest.approx(float((logits.argmax(-1) == labels).float().mean()))
+        # batched ablation vs one run_with_hooks forward: another batch shape, so other BLAS blocking; float32
+        # logits of O(1-10) agree to a few ulps (~1e-6) on any CPU, their mean as well
         assert row["logit_diff_v"] == pytest.approx(float(label_vs_shortcut_diff(logits, labels, shortcut).mean()), abs=1e-5)
 
 

@@ -111,6 +111,7 @@ def test_inspect_run_traps(fake_run, inspected):
         assert set(got) == set(mats)
         for name, w in mats.items():
             ref = detect_traps(w, name, mode="robust", seed=0)
+            # the same float64 eigen-solve on the same matrix, maybe in a worker with another thread count: ~1e-13
             assert got[name][0] == ref.n_traps and got[name][1] == pytest.approx(ref.lambda_plus, rel=1e-9)
     assert traps["final"] == {r["matrix"]: r["n_traps"] for r in traps["rows"] if r["epoch"] == 120}
     at = [r for r in traps["rows"] if r["epoch"] == traps["esd_epoch"]]
