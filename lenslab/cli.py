@@ -246,41 +246,24 @@ def _init_checkpoint(source: str) -> Path:
 def _train_seeds(a: argparse.Namespace, given: dict) -> dict:
     """``--seeds``: one run directory per seed under OUT, trained E at a time on stacked weights."""
     from lenslab.training.config import config_from_flags, default_seeds_dir, resume_config
-    from lenslab.training.ensemble import train_ensemble
+    from lenslab.training.seeds import seed_dirs, train_seeds
 
     if "seed" in given:
         raise UserError("give either --seed or --seeds, not both")
-    seeds = a.seeds
-    if len(set(seeds)) != len(seeds):
-        raise UserError(f"--seeds lists a seed twice ({a.seeds}); each seed gets one run directory")
-    if a.ensemble_size is not None and a.ensemble_size < 1:
-        raise UserError(f"--ensemble-size {a.ensemble_size} must be >= 1")
     if a.out:
         root = Path(a.out)
     elif a.resume:
         raise UserError("--resume needs --out DIR, the folder holding seed_<s>/ runs")
     else:
         root = default_seeds_dir(given)
-    outs = [root / f"seed_{s}" for s in seeds]
-    configs = []
-    for s, out in zip(seeds, outs):
-        if a.resume and (out / "config.json").is_file():
-            configs.append(resume_config(out, given))
-        else:
-            configs.append(config_from_flags({**given, "seed": s}))
-    size = a.ensemble_size
-    if size is None:  # measured here, for this model and batch: the fastest size differs by machine
-        from lenslab.training.calibrate import choose_ensemble_size
-        from lenslab.training.trainer import resolve_device
-
-        size, rates = choose_ensemble_size(configs[0], len(seeds), resolve_device(a.device))
-        _log("ensemble size: " + ", ".join(f"E={E} {r:.1f}" for E, r in rates.items()) + f" seed-steps/s measured; using {size}")
-    _log(f"training {len(seeds)} seeds into {root}/seed_<s>/, {size} at a time on stacked weights")
-    summaries = []
-    for i in range(0, len(seeds), size):
-        summaries += train_ensemble(
-            configs[i : i + size], outs[i : i + size], resume=a.resume, progress=not a.no_progress, device=a.device
-        )
+    outs = seed_dirs(root, a.seeds)
+    configs = [
+        resume_config(out, given) if a.resume and (out / "config.json").is_file() else config_from_flags({**given, "seed": s})
+        for s, out in zip(a.seeds, outs)
+    ]
+    summaries = train_seeds(
+        configs, outs, a.ensemble_size, resume=a.resume, progress=not a.no_progress, device=a.device, log=_log
+    )
     result = {"root": str(root), "runs": {str(o): s for o, s in zip(outs, summaries)}}
     if not a.json:
         for out, summary in zip(outs, summaries):

@@ -301,8 +301,12 @@ def pack(plan: dict, skip_done: bool = True) -> list[list[Member]]:
         if skip_done and _is_done(root, m):
             continue
         groups.setdefault(_ensemble_key(m.config), []).append(m)
-    size = plan["ensemble_size"]
-    return [g[i : i + size] for g in groups.values() for i in range(0, len(g), size)]
+    return [chunk for g in groups.values() for chunk in chunked(g, plan["ensemble_size"])]
+
+
+def chunked(items: list, size: int) -> list[list]:
+    """``items`` in consecutive chunks of ``size`` (the last may be shorter): the members of one ensemble each."""
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def _epochs_done(root: Path, members: list[Member]) -> int:
