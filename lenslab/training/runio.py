@@ -32,20 +32,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save
 
 from lenslab.training.errors import RunError
-from lenslab.training.spec import (  # noqa: F401 (the config schema, re-exported for runio's importers)
-    CONFIG_KEYS,
-    INIT_KEYS,
-    MAX_MODEL_BYTES,
-    MODEL_CHOICES,
-    MODEL_KEYS,
-    MODEL_LIMITS,
-    OPTIONAL_CONFIG_KEYS,
-    RUN_FORMAT,
-    check_config,
-    check_init_block,
-    check_model_kwargs,
-    model_bytes,
-)
+from lenslab.training.spec import check_config
 
 CKPT_FORMAT = "lenslab-checkpoint/1"
 RESUME_FORMAT = "lenslab-resume/1"
@@ -291,9 +278,7 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
 
 
 # -- config ----------------------------------------------------------------------------
-# The schema (fields, bounds, choices) lives in training.spec; these names delegate to it.
-# (imported above: MODEL_KEYS, MODEL_LIMITS, MODEL_CHOICES, CONFIG_KEYS, OPTIONAL_CONFIG_KEYS, INIT_KEYS,
-#  model_bytes, check_model_kwargs, check_config, check_init_block)
+# The schema (fields, bounds, choices) lives in training.spec; read_config checks against it.
 
 
 def model_hash(model: dict) -> str:

@@ -25,14 +25,13 @@ from lenslab.tasks.errors import LenslabError
 from lenslab.training.presets import build_model
 from lenslab.training.run import Run
 from lenslab.training.runio import (
-    MAX_MODEL_BYTES,
     load_checkpoint_into,
     load_splits,
-    model_bytes,
     read_config,
     read_jsonl,
     read_safetensors,
 )
+from lenslab.training.spec import MAX_MODEL_BYTES, model_bytes
 from lenslab.training.trainer import train
 
 FUZZ = settings(max_examples=40, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))

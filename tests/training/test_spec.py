@@ -22,10 +22,11 @@ from lenslab.training.config import (
 from lenslab.training.errors import ConfigError, RunError
 from lenslab.training.presets import mpsp_model_config
 from lenslab.training.run import Run
-from lenslab.training.runio import MODEL_LIMITS, atomic_write_json, read_config
+from lenslab.training.runio import atomic_write_json, read_config
 from lenslab.training.spec import (
     ABSENT,
     LEGACY_TRAIN,
+    MODEL_LIMITS,
     ModAddSpec,
     ModelSpec,
     MPSPSpec,

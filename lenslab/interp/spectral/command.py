@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
-from lenslab.interp.spectral.paths import TrapScan, resolve, scan_path  # noqa: F401 (resolve: kept importable from here)
+from lenslab.interp.spectral.paths import TrapScan, scan_path
 
 
 def traps_command(
