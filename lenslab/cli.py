@@ -546,19 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--eval-schedule", choices=list(spec["eval_schedule"].choices), default=None, help=_flag_help(spec["eval_schedule"])
     )
-    for flag in (
-        "p",
-        "n_evals",
-        "label",
-        "shortcut",
-        "n_train",
-        "n_val",
-        "n_adv",
-        "data_seed",
-        "epochs",
-        "eval_every",
-        "ckpt_density",
-    ):
+    for flag in ("p", *(f for f in SWEEP_SETTINGS if f not in ("dtype", "eval_schedule"))):  # those two: above/below
         p.add_argument("--" + flag.replace("_", "-"), type=_flag_kind(spec[flag]), default=None, help=_flag_help(spec[flag]))
     p.add_argument(
         "--dtype", type=_list(_dtype), default=None, help=_flag_help(spec["dtype"]) + "; modadd: a comma list is an axis"
