@@ -8,6 +8,10 @@
     .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok2 --train-frac 0.6 --epochs 100000 --n-evals 150 --dtypes float64 &
     .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok2 --train-frac 0.6 --epochs 100000 --n-evals 150 --dtypes float32 &
     .venv/bin/python reproduction/antigrok.py report ~/lenslab-runs/antigrok2 reproduction/results/antigrok2 --train-frac 0.6
+    # probe 2 to 10^5 steps (2026-12-05): the paper's two arms, float64 wd 0 and wd 0.01, each its own
+    # stack of 2 on one thread (a stack of 6 ran at 5 steps/s, too slow for one session)
+    OMP_NUM_THREADS=1 .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok2 --train-frac 0.6 --epochs 100000 --n-evals 150 --dtypes float64 --weight-decays 0 &
+    OMP_NUM_THREADS=1 .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok2 --train-frac 0.6 --epochs 100000 --n-evals 150 --dtypes float64 --weight-decays 0.01 &
 
 Set-up (chosen before any run, from the issue): p = 31, train fraction 0.3 (288 of 961 pairs; probe 2:
 ``--train-frac``, chosen by the pilot's rule before any weight-decay-0/0.01 run),
@@ -36,11 +40,13 @@ SEEDS = (0, 1)
 TASK = {"p": 31, "train_frac": 0.3}  # --p / --train-frac override
 
 
-def configs(dtype: str, epochs: int, n_evals: int) -> tuple[list[dict], list[str]]:
+def configs(dtype: str, epochs: int, n_evals: int, wds: tuple[float, ...] | None = None) -> tuple[list[dict], list[str]]:
     from lenslab.training.config import modadd_run_config
 
     cfgs, names = [], []
     for wd in ARMS[dtype]:
+        if wds is not None and wd not in wds:
+            continue
         for s in SEEDS:
             cfgs.append(
                 modadd_run_config(
@@ -51,11 +57,15 @@ def configs(dtype: str, epochs: int, n_evals: int) -> tuple[list[dict], list[str
     return cfgs, names
 
 
-def train(root: Path, epochs: int, n_evals: int, dtypes: tuple[str, ...] = tuple(ARMS)) -> None:
+def train(
+    root: Path, epochs: int, n_evals: int, dtypes: tuple[str, ...] = tuple(ARMS), wds: tuple[float, ...] | None = None
+) -> None:
     from lenslab.training.ensemble import train_ensemble
 
     for dtype in dtypes:
-        cfgs, names = configs(dtype, epochs, n_evals)
+        cfgs, names = configs(dtype, epochs, n_evals, wds)
+        if not cfgs:
+            continue
         print(f"{dtype}: {len(cfgs)} members to epoch {epochs}", file=sys.stderr, flush=True)
         train_ensemble(cfgs, [root / n for n in names], resume=True, progress=True)
 
@@ -163,11 +173,13 @@ if __name__ == "__main__":
     ap.add_argument("--epochs", type=int, default=10_000)
     ap.add_argument("--n-evals", type=int, default=120)
     ap.add_argument("--dtypes", default="float32,float64", help="which arms to train (comma list)")
+    ap.add_argument("--weight-decays", default=None, help="only these arms (comma list); each call stacks its own members")
     ap.add_argument("--p", type=int, default=TASK["p"])
     ap.add_argument("--train-frac", type=float, default=TASK["train_frac"])
     a = ap.parse_args()
     TASK.update(p=a.p, train_frac=a.train_frac)
     if a.what == "train":
-        train(Path(a.root), a.epochs, a.n_evals, tuple(a.dtypes.split(",")))
+        wds = tuple(float(x) for x in a.weight_decays.split(",")) if a.weight_decays else None
+        train(Path(a.root), a.epochs, a.n_evals, tuple(a.dtypes.split(",")), wds)
     else:
         report(Path(a.root), Path(a.out))
