@@ -1,6 +1,6 @@
 """One call on a borrowed GPU: check the engine, time it, and run both papers' slices inside a time budget.
 
-    bash benchmarks/gpu/run_on_device.sh OUT [--part a|b|c|d|all|a,b,...] [--budget-s 540]
+    bash benchmarks/gpu/run_on_device.sh OUT [--part a|b|c|d|e|all|a,b,...] [--budget-s 540]
     python3 benchmarks/gpu/device_run.py OUT --allow-cpu --tiny --part a,b   # a CPU dry run (what CI does)
 
 Parts, in this order, each given a slice of the budget and guarded by estimates from rates it measures:
@@ -17,6 +17,11 @@ c. paper-1 slice: ``plan_sweep`` / ``run_sweep`` on cuda over PAPER1_GRID in PAP
 d. paper-2 slice: modular addition p = 113, train fraction 0.3, float64, full batch, weight decay 0 and 0.01,
    as many steps as fit, log-spaced evaluations; traps (and alpha, where interp.spectral reports it) at the
    checkpoints.
+e. HTSR alpha speed (issue 15's >= 10x target, out of reach on a 2-core CPU: benchmarks/alpha_speed.py's floor):
+   ``htsr_alpha`` on GPT-2-small shapes (ALPHA_LAYERS blocks, N(0, 1/fan_in) float32 weights) on the GPU vs
+   WeightWatcher's own float64 ``scipy.linalg.svd(W, compute_uv=False)`` and vs ``htsr_alpha`` on the CPU, in the
+   same run. The SVD is the part of WeightWatcher's ``analyze()`` that is not bookkeeping, so the ratio to it is a
+   lower bound on the ratio to ``analyze()``. The GPU's alphas must match the CPU's (same xmin, |d alpha| <= 1e-8).
 
 Files in OUT (at most 8): run.json (everything measured, updated after each part), log.txt, paper1_results.csv,
 paper1_results.json, paper1_results.html, paper2.json, paper2.html, paper2_runs.tar.
@@ -89,11 +94,19 @@ TOL = {"fp32": {"logits": 1e-5, "grads": 1e-4}, "tf32": {"logits": 1e-2, "grads"
 STOP_ON = ("fp32", "tf32")  # part a stops the script when these disagree
 TARGET_SEED_EPOCHS_S = 2000.0
 BUDGET_S = 540.0  # 9 minutes for the whole command; the device allows 10 per command
-PART_MIN_S = {"a": 20.0, "b": 45.0, "c": 90.0, "d": 60.0}  # below this a part cannot say anything useful
-PART_CAP_S = {"a": 60.0, "b": 170.0}  # a and b take at most this; c and d share the rest
+PART_MIN_S = {"a": 20.0, "b": 45.0, "c": 90.0, "d": 60.0, "e": 15.0}  # below this a part cannot say anything useful
+PART_CAP_S = {"a": 60.0, "b": 170.0, "e": 45.0}  # a, b and e take at most this; c and d share the rest
+ALPHA_SHAPES = {
+    "attn.c_attn": (768, 2304),
+    "attn.c_proj": (768, 768),
+    "mlp.c_fc": (768, 3072),
+    "mlp.c_proj": (3072, 768),
+}  # (in, out)
+ALPHA_LAYERS = 12  # part e: GPT-2 small's 12 blocks of c_attn, attn c_proj, c_fc, mlp c_proj (48 matrices)
+ALPHA_TOL = 1e-8  # part e: |alpha(GPU) - alpha(CPU)|; both float64 eigvalsh, ~1e-12 apart unless xmin moves
 SHARE = {"c": 0.55, "d": 0.45}
 FINAL_RESERVE_S = 10.0  # writing run.json and the closing table
-PARTS = ("a", "b", "c", "d")
+PARTS = ("a", "b", "c", "d", "e")  # run order = alphabetical order (allowance() relies on it)
 # every file this script may write into OUT (the device returns at most 8, named in letters, digits, '.', '_', '-')
 OUT_FILES = (
     "run.json",
@@ -116,6 +129,8 @@ TINY = {  # --tiny: a CPU dry run of every code path in seconds (tests/gpu)
     "paper1_eval_every": 2,
     "paper1_target": 8,
     "paper2": {"p": 7, "train_frac": 0.5, "n_evals": 5, "target_steps": 60, "cal_steps": 30},
+    "alpha_layers": 1,
+    "alpha_shapes": {"attn.c_attn": (32, 96), "attn.c_proj": (32, 32), "mlp.c_fc": (32, 128), "mlp.c_proj": (128, 32)},
 }
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DISAGREE = 0, 1, 2, 3
 
@@ -148,10 +163,10 @@ class Budget:
 
 
 def parse_parts(spec: str) -> list[str]:
-    """``all`` or a comma list of a-d, in run order; b needs a (the setting it picks must pass a)."""
+    """``all`` or a comma list of a-e, in run order; b needs a (the setting it picks must pass a)."""
     words = [w.strip().lower() for w in spec.split(",") if w.strip()]
     if not words:
-        raise BadInput(f"--part {spec!r} names no part: choose from a, b, c, d, all (or a comma list such as a,b,c)")
+        raise BadInput(f"--part {spec!r} names no part: choose from a, b, c, d, e, all (or a comma list such as a,b,c)")
     parts = set()
     for w in words:
         if w == "all":
@@ -159,7 +174,7 @@ def parse_parts(spec: str) -> list[str]:
         elif w in PARTS:
             parts.add(w)
         else:
-            raise BadInput(f"--part {w!r} is not a part: choose from a, b, c, d, all (or a comma list such as a,b,c)")
+            raise BadInput(f"--part {w!r} is not a part: choose from a, b, c, d, e, all (or a comma list such as a,b,c)")
     if "b" in parts:
         parts.add("a")
     return [p for p in PARTS if p in parts]
@@ -1201,6 +1216,82 @@ def _spread(items: list) -> list:
     return out + [x for i, x in enumerate(items) if i not in seen]
 
 
+# ---- part e: HTSR alpha on the GPU --------------------------------------------------------------------
+def alpha_matrices(n_layers: int, shapes: dict, seed: int = 0) -> list[tuple[str, object]]:
+    """GPT-2-small-shaped weights as benchmarks/alpha_speed.py builds them: (out, in) float32, N(0, 1/fan_in), seeded."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (f"h.{i}.{k}", torch.randn(fan_out, fan_in, generator=g) / math.sqrt(fan_in))
+        for i in range(n_layers)
+        for k, (fan_in, fan_out) in shapes.items()
+    ]
+
+
+def part_e(ctx: Ctx, allow_s: float) -> dict:
+    import numpy as np
+    import scipy.linalg
+    import torch
+
+    from lenslab.interp.spectral import htsr_alpha
+
+    budget = ctx.budget.sub(allow_s)
+    shapes = TINY["alpha_shapes"] if ctx.tiny else ALPHA_SHAPES
+    mats = alpha_matrices(TINY["alpha_layers"] if ctx.tiny else ALPHA_LAYERS, shapes)
+    result: dict = {"n_matrices": len(mats), "shapes_in_out": {k: list(v) for k, v in shapes.items()}, "device": str(ctx.device)}
+    result["cpu_threads"] = {"torch": torch.get_num_threads(), "os_cpus": os.cpu_count()}
+
+    def timed(f, ws: list) -> tuple[list, float]:
+        sync(ctx.device)
+        t = ctx.clock()
+        vals = [f(name, w) for (name, _), w in zip(mats, ws)]
+        sync(ctx.device)
+        return vals, ctx.clock() - t
+
+    def ww_svd(name, w):
+        return scipy.linalg.svd(w.numpy().astype(np.float64), compute_uv=False)
+
+    def alpha(name, w):
+        return htsr_alpha(w, name, min_tail=2)
+
+    # one block first: an estimate of each side, so that the part fits its allowance
+    block = len(shapes)
+    est = {}
+    for key, f, move in (("ww_svd", ww_svd, False), ("cpu", alpha, False), ("device", alpha, True)):
+        _, t = timed(f, [w.to(ctx.device) if move else w for _, w in mats[:block]])
+        est[key] = t * len(mats) / block
+    result["estimate_s"] = {k: round(v, 2) for k, v in est.items()}
+    if not budget.fits(sum(est.values())):
+        keep = max(1, int(len(mats) * budget.remaining() / max(sum(est.values()), 1e-9) * 0.8) // block) * block
+        result["trimmed"] = f"the estimate ({sum(est.values()):.0f} s) exceeds the allowance; {keep} of {len(mats)} matrices"
+        mats = mats[:keep]
+        result["n_matrices"] = len(mats)
+    cpu_ws = [w for _, w in mats]
+    _, t_svd = timed(ww_svd, cpu_ws)
+    cpu, t_cpu = timed(alpha, cpu_ws)
+    dev, t_dev = timed(alpha, [w.to(ctx.device) for w in cpu_ws])  # the weights live on the GPU, as a model's would
+    d_alpha = [abs(a.alpha - b.alpha) for a, b in zip(cpu, dev)]
+    same_xmin = all(a.n_tail == b.n_tail for a, b in zip(cpu, dev))
+    result.update(
+        ww_svd_float64_s=round(t_svd, 3),
+        lenslab_cpu_s=round(t_cpu, 3),
+        lenslab_device_s=round(t_dev, 3),
+        speedup_vs_ww_svd=round(t_svd / t_dev, 1),  # a lower bound on the speed-up over WeightWatcher's analyze()
+        speedup_vs_lenslab_cpu=round(t_cpu / t_dev, 1),
+        max_abs_alpha_diff_device_vs_cpu=max(d_alpha),
+        same_xmin=same_xmin,
+        agree=same_xmin and max(d_alpha) <= ALPHA_TOL,
+        target_speedup=10.0,
+        meets_target=same_xmin and max(d_alpha) <= ALPHA_TOL and t_svd / t_dev >= 10.0,
+    )
+    ctx.out.log(
+        f"e: {len(mats)} matrices: WW's SVD {t_svd:.2f} s, lenslab CPU {t_cpu:.2f} s, {ctx.device} {t_dev:.3f} s "
+        f"({t_svd / t_dev:.1f}x WW's SVD); alphas {'agree' if result['agree'] else 'DISAGREE'} (max |d| {max(d_alpha):.1e})"
+    )
+    return result
+
+
 # ---- driver ------------------------------------------------------------------------------------------
 @dataclass
 class Ctx:
@@ -1213,13 +1304,13 @@ class Ctx:
     clock: object = time.perf_counter  # durations in parts c and d (tests pass a fake one)
 
 
-RUNNERS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d}
+RUNNERS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e}
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="run_on_device.sh", description=__doc__.splitlines()[0])
     ap.add_argument("out", help='output folder (on the device: "$OUT"); at most 8 files are written there')
-    ap.add_argument("--part", default="all", help="a, b, c, d, all, or a comma list (b implies a); default all")
+    ap.add_argument("--part", default="all", help="a, b, c, d, e, all, or a comma list (b implies a); default all")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help=f"seconds for the whole command (default {BUDGET_S:g})")
     ap.add_argument("--started-at", type=float, default=None, help="Unix time the command started (run_on_device.sh passes it)")
     ap.add_argument("--wheels", default=None, help="the carried wheel folder to check against wheels.txt")
@@ -1337,6 +1428,11 @@ def closing_table(doc: dict) -> str:
         elif p == "d":
             lines.append(
                 f"  d: {r.get('steps', 0):,} steps ({r.get('engine', '-')})" + (f"; {r['skipped']}" if r.get("skipped") else "")
+            )
+        elif p == "e":
+            lines.append(
+                f"  e: alpha on {r.get('n_matrices')} matrices {r.get('speedup_vs_ww_svd')}x WeightWatcher's SVD, "
+                f"{'agrees' if r.get('agree') else 'DISAGREES'} with the CPU"
             )
         else:
             lines.append(f"  {p}: done")

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, as one command (<= 9 minutes, <= 8 files into OUT):
-#   bash benchmarks/gpu/run_on_device.sh "$OUT" [--part a|b|c|d|all|a,b,c] [--budget-s 540]
+#   bash benchmarks/gpu/run_on_device.sh "$OUT" [--part a|b|c|d|e|all|a,b,c] [--budget-s 540]
 # Installs the carried wheels (.whl/, from fetch_wheels.sh) into /tmp, then runs benchmarks/gpu/device_run.py:
-# a correctness, b speed, c paper-1 slice, d paper-2 slice (its docstring says what each writes).
+# a correctness, b speed, c paper-1 slice, d paper-2 slice, e HTSR alpha speed (its docstring says what each writes).
 # Bad input (no CUDA, a wheel missing or of the wrong version, too little budget, OUT not writable) is one
 # line on stderr and exit 2, before any work.
 set -uo pipefail
 START=$(date +%s)
 cd "$(dirname "$0")/../.."
 if [ $# -lt 1 ] || [[ "$1" == -* ]]; then
-  echo "run_on_device: error: give the output folder first: run_on_device.sh OUT [--part a|b|c|d|all] [--budget-s 540]" >&2
+  echo "run_on_device: error: give the output folder first: run_on_device.sh OUT [--part a|b|c|d|e|all] [--budget-s 540]" >&2
   exit 2
 fi
 OUT=$1

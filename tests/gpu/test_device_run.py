@@ -30,11 +30,12 @@ class FakeClock:
 
 # ---- pure logic -----------------------------------------------------------------------------------
 def test_parse_parts():
-    assert dr.parse_parts("all") == ["a", "b", "c", "d"]
+    assert dr.parse_parts("all") == ["a", "b", "c", "d", "e"]
     assert dr.parse_parts("b") == ["a", "b"]  # the setting b picks must pass a
     assert dr.parse_parts("d, c") == ["c", "d"]
-    for bad in ("e", "", "a,x", ","):
-        with pytest.raises(dr.BadInput, match="choose from a, b, c, d, all"):
+    assert dr.parse_parts("e,a") == ["a", "e"]
+    for bad in ("f", "", "a,x", ","):
+        with pytest.raises(dr.BadInput, match="choose from a, b, c, d, e, all"):
             dr.parse_parts(bad)
 
 
@@ -56,6 +57,9 @@ def test_plan_slices_and_allowance():
     assert dr.plan_slices(["c"], 200.0) == {"c": pytest.approx(200.0 - dr.FINAL_RESERVE_S)}
     small = dr.plan_slices(["a", "b", "c"], 200.0)  # b leaves c its minimum
     assert small["c"] >= dr.PART_MIN_S["c"]
+    five = dr.plan_slices(list(dr.PARTS), 540.0)  # e takes its cap; c and d share what a, b and e leave
+    assert five["e"] == dr.PART_CAP_S["e"] and sum(five.values()) == pytest.approx(540.0 - dr.FINAL_RESERVE_S)
+    assert five["c"] + five["d"] == pytest.approx(plan["c"] + plan["d"] - dr.PART_CAP_S["e"])
     clock = FakeClock()
     budget = dr.Budget(540.0, clock)
     clock.advance(15.0)  # a finished early: its unused time flows to the later parts
@@ -348,3 +352,38 @@ def test_part_d_tiny_on_cpu(tmp_path, capsys):
     for m in d["members"]:
         assert m["checkpoint_dtype"] == "torch.float64" and m["traps"] and m["metrics"]
     assert _files_ok(out) == ["log.txt", "paper2.html", "paper2.json", "paper2_runs.tar", "run.json"]
+
+
+def test_part_e_tiny_on_cpu(tmp_path, capsys):
+    """The CPU dry run of part e: the 'device' is the CPU, so both sides must give the same alphas."""
+    out = tmp_path / "out"
+    code, err = _main([out, "--part", "e", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
+    assert code == 0, err
+    e = json.loads((out / "run.json").read_text())["parts"]["e"]
+    assert e["n_matrices"] == len(dr.TINY["alpha_shapes"]) * dr.TINY["alpha_layers"]
+    assert e["same_xmin"] and e["max_abs_alpha_diff_device_vs_cpu"] == 0.0 and e["agree"]
+    assert e["ww_svd_float64_s"] > 0 and e["lenslab_device_s"] > 0 and "trimmed" not in e
+    assert "e: alpha on 4 matrices" in (out / "log.txt").read_text()
+    assert _files_ok(out) == ["log.txt", "run.json"]
+
+
+def test_part_e_trims_to_its_allowance(tmp_path, monkeypatch):
+    """On a fake clock where every timed call costs 1 s, the estimate from one block (24 s for 12 matrices) exceeds a 20 s
+    allowance, so part e keeps the whole blocks that fit 80 % of what is left (here one)."""
+    clock = FakeClock()
+    from lenslab.interp import spectral
+
+    real = spectral.htsr_alpha
+
+    def slow_alpha(w, name, min_tail):
+        clock.advance(1.0)
+        return real(w, name, min_tail=min_tail)
+
+    monkeypatch.setattr(spectral, "htsr_alpha", slow_alpha)
+    monkeypatch.setitem(dr.TINY, "alpha_layers", 3)
+    (tmp_path / "out").mkdir()
+    ctx = dr.Ctx(dr.Out(tmp_path / "out", clock), dr.Budget(1000.0, clock), CPU, tmp_path / "work", tiny=True, clock=clock)
+    e = dr.part_e(ctx, 20.0)  # 12 s left after the 8 s estimate: 12 x 12 / 24 x 0.8 = 4.8 matrices, one block
+    assert e["estimate_s"]["cpu"] == pytest.approx(12.0) and e["estimate_s"]["device"] == pytest.approx(12.0)
+    assert e["n_matrices"] == 4 and "4 of 12 matrices" in e["trimmed"]
+    assert e["lenslab_cpu_s"] == pytest.approx(4.0) and e["agree"]

@@ -24,7 +24,8 @@ never chosen. Everything else agrees with WeightWatcher (see
 ``tests/interp/spectral/test_htsr.py``). Unlike WW we do not skip N > 50,000 or M > 15,000.
 
 The eigenvalues come from ``eigvalsh(WᵀW)`` in float64 (WW: ``scipy.linalg.svd``), the KS distances
-for all candidates at once, in row blocks of a candidates × eigenvalues matrix.
+for all candidates at once, in row blocks of a candidates × eigenvalues matrix; a CUDA matrix is
+analysed on its GPU (``benchmarks/gpu`` part e times that against WeightWatcher's SVD).
 """
 
 from __future__ import annotations
@@ -84,8 +85,11 @@ def _nan(n_evals: int, reason: str, xmin: float = math.nan, ks: float = math.nan
 
 
 def esd(w: Float[Tensor, "n m"]) -> Float[Tensor, " k"]:  # k = min(n, m)
-    """Ascending eigenvalues of WᵀW (W oriented so that N ≥ M), float64: the squared singular values."""
-    w = w.detach().to("cpu", torch.float64)
+    """Ascending eigenvalues of WᵀW (W oriented so that N ≥ M), float64: the squared singular values.
+
+    On the matrix's device where that is CUDA (the Gram matrix and ``eigvalsh`` are the whole cost on
+    a CPU), on the CPU otherwise (MPS has no float64)."""
+    w = w.detach().to("cuda" if w.device.type == "cuda" else "cpu", torch.float64)
     a = w if w.shape[0] >= w.shape[1] else w.T
     return torch.linalg.eigvalsh(a.T @ a)
 
@@ -95,11 +99,12 @@ def _candidate_fits(x: Tensor, small: bool) -> tuple[Tensor, Tensor, Tensor]:
     n = x.numel()
     logx = x.log()
     k = n - 1
-    alpha, dist, s_all = (torch.empty(k, dtype=torch.float64) for _ in range(3))
+    dev = x.device
+    alpha, dist, s_all = (torch.empty(k, dtype=torch.float64, device=dev) for _ in range(3))
     rows = max(1, _BLOCK // n)
-    j = torch.arange(n)
+    j = torch.arange(n, device=dev)
     for lo in range(0, k, rows):
-        i = torch.arange(lo, min(lo + rows, k))
+        i = torch.arange(lo, min(lo + rows, k), device=dev)
         tail = j[None, :] >= i[:, None]  # [c, n]: the points of each candidate's tail
         d = torch.where(tail, logx[None, :] - logx[i][:, None], 0.0)  # log(x_j / x_i) ≥ 0
         n_i = (n - i).to(torch.float64)
@@ -109,7 +114,7 @@ def _candidate_fits(x: Tensor, small: bool) -> tuple[Tensor, Tensor, Tensor]:
         f_emp = (j[None, :] - i[:, None]).to(torch.float64) / n_i[:, None]
         gap = torch.where(tail, (f_fit - f_emp).abs(), 0.0)
         alpha[i], dist[i], s_all[i] = a, gap.amax(1), s
-    n_i = (n - torch.arange(k)).to(torch.float64)
+    n_i = (n - torch.arange(k, device=dev)).to(torch.float64)
     # s > 0 makes α > 1, so WW's "D = 1 where α ≤ 1" never applies; a flat tail (α ≥ 1e12) is never chosen
     valid = (s_all > FLAT_TAIL) & (n_i >= SMALL_N_K_MIN) if small else (s_all > FLAT_TAIL)
     objective = torch.where(valid, dist, math.inf)
@@ -119,7 +124,7 @@ def _candidate_fits(x: Tensor, small: bool) -> tuple[Tensor, Tensor, Tensor]:
 def fit_power_law(evals, min_tail: int = MIN_TAIL) -> AlphaFit:
     """WeightWatcher 0.7.7's power-law fit of eigenvalues ``evals`` (any order; see the module docstring)."""
     x = torch.as_tensor(np.asarray(evals, dtype=np.float64) if not isinstance(evals, Tensor) else evals)
-    x = x.detach().to("cpu", torch.float64).flatten()
+    x = x.detach().to("cuda" if x.device.type == "cuda" else "cpu", torch.float64).flatten()  # a CUDA ESD is fitted there
     if not torch.isfinite(x).all():
         return _nan(0, f"{int((~torch.isfinite(x)).sum())} eigenvalues are NaN/inf; check the matrix for NaN/inf entries")
     x = x[x > EVALS_THRESH].sort().values

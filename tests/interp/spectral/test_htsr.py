@@ -64,6 +64,14 @@ def test_recovers_a_known_power_law_exponent(a):
     assert fit.alpha == pytest.approx(direct.alpha, rel=1e-9)  # eigvalsh rounding (~1e-13 relative), any CPU
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_matrix_is_fitted_on_its_gpu_and_agrees_with_the_cpu():
+    w = with_spectrum(pareto(500, 3.0, seed=3), 800, seed=2)
+    cpu, gpu = htsr_alpha(w), htsr_alpha(w.cuda())
+    # both are float64 eigvalsh of the same WᵀW (LAPACK vs cuSOLVER, ~1e-13 relative apart): same xmin, α to 1e-9
+    assert gpu.n_tail == cpu.n_tail and gpu.alpha == pytest.approx(cpu.alpha, rel=1e-9)
+
+
 # --- (2) the xmin / KS choice against a brute-force loop --------------------------------------
 
 
