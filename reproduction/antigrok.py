@@ -8,10 +8,11 @@
     .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok2 --train-frac 0.6 --epochs 100000 --n-evals 150 --dtypes float64 &
     .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok2 --train-frac 0.6 --epochs 100000 --n-evals 150 --dtypes float32 &
     .venv/bin/python reproduction/antigrok.py report ~/lenslab-runs/antigrok2 reproduction/results/antigrok2 --train-frac 0.6
-    # probe 2 to 10^5 steps (2026-12-05): the paper's two arms, float64 wd 0 and wd 0.01, each its own
-    # stack of 2 on one thread (a stack of 6 ran at 5 steps/s, too slow for one session)
+    # probe 2 to 10^5 steps (2026-12-05): the float64 arms, each its own stack of 2 on one thread
+    # (a stack of 6 ran at 5 steps/s, too slow for one session); three processes on the 2 cores
     OMP_NUM_THREADS=1 .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok2 --train-frac 0.6 --epochs 100000 --n-evals 150 --dtypes float64 --weight-decays 0 &
     OMP_NUM_THREADS=1 .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok2 --train-frac 0.6 --epochs 100000 --n-evals 150 --dtypes float64 --weight-decays 0.01 &
+    OMP_NUM_THREADS=1 .venv/bin/python reproduction/antigrok.py train ~/lenslab-runs/antigrok2 --train-frac 0.6 --epochs 100000 --n-evals 150 --dtypes float64 --weight-decays 1 &
 
 Set-up (chosen before any run, from the issue): p = 31, train fraction 0.3 (288 of 961 pairs; probe 2:
 ``--train-frac``, chosen by the pilot's rule before any weight-decay-0/0.01 run),
@@ -65,6 +66,7 @@ def train(
     for dtype in dtypes:
         cfgs, names = configs(dtype, epochs, n_evals, wds)
         if not cfgs:
+            print(f"{dtype}: no arm has weight decay in {wds} (arms: {ARMS[dtype]}); nothing to train", file=sys.stderr)
             continue
         print(f"{dtype}: {len(cfgs)} members to epoch {epochs}", file=sys.stderr, flush=True)
         train_ensemble(cfgs, [root / n for n in names], resume=True, progress=True)
