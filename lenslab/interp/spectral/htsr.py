@@ -84,12 +84,17 @@ def _nan(n_evals: int, reason: str, xmin: float = math.nan, ks: float = math.nan
     return AlphaFit.failed(reason, n_evals, xmin, ks, n_tail)
 
 
+def _fit_device(t: Tensor) -> str:
+    """Where α's float64 work runs: on a CUDA tensor's GPU, else on the CPU (MPS has no float64)."""
+    return "cuda" if t.device.type == "cuda" else "cpu"
+
+
 def esd(w: Float[Tensor, "n m"]) -> Float[Tensor, " k"]:  # k = min(n, m)
     """Ascending eigenvalues of WᵀW (W oriented so that N ≥ M), float64: the squared singular values.
 
     On the matrix's device where that is CUDA (the Gram matrix and ``eigvalsh`` are the whole cost on
     a CPU), on the CPU otherwise (MPS has no float64)."""
-    w = w.detach().to("cuda" if w.device.type == "cuda" else "cpu", torch.float64)
+    w = w.detach().to(_fit_device(w), torch.float64)
     a = w if w.shape[0] >= w.shape[1] else w.T
     return torch.linalg.eigvalsh(a.T @ a)
 
@@ -124,7 +129,7 @@ def _candidate_fits(x: Tensor, small: bool) -> tuple[Tensor, Tensor, Tensor]:
 def fit_power_law(evals, min_tail: int = MIN_TAIL) -> AlphaFit:
     """WeightWatcher 0.7.7's power-law fit of eigenvalues ``evals`` (any order; see the module docstring)."""
     x = torch.as_tensor(np.asarray(evals, dtype=np.float64) if not isinstance(evals, Tensor) else evals)
-    x = x.detach().to("cuda" if x.device.type == "cuda" else "cpu", torch.float64).flatten()  # a CUDA ESD is fitted there
+    x = x.detach().to(_fit_device(x), torch.float64).flatten()  # a CUDA ESD is fitted there
     if not torch.isfinite(x).all():
         return _nan(0, f"{int((~torch.isfinite(x)).sum())} eigenvalues are NaN/inf; check the matrix for NaN/inf entries")
     x = x[x > EVALS_THRESH].sort().values
