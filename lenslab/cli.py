@@ -107,11 +107,11 @@ def _at_least_one(text: str) -> int:
 
 
 def _spec_flags() -> list[tuple[str, object]]:
-    """``(flag, Param)`` of every config field that has a flag, in help order: task, mpsp task, model, modadd task, training."""
-    from lenslab.training.spec import TASK, ModAddSpec, ModelSpec, MPSPSpec, TrainSpec, params
+    """``(flag, Param)`` of every config field that has a flag, in help order: task, mpsp task, model, modadd task, mnist task and MLP, training."""
+    from lenslab.training.spec import TASK, MLPSpec, MNISTSpec, ModAddSpec, ModelSpec, MPSPSpec, TrainSpec, params
 
     out, seen = [(TASK.flag, TASK)], {TASK.flag}
-    for cls in (MPSPSpec, ModelSpec, ModAddSpec, TrainSpec):
+    for cls in (MPSPSpec, ModelSpec, ModAddSpec, MNISTSpec, MLPSpec, TrainSpec):
         for p in params(cls).values():
             if p.flag and p.flag not in seen:
                 seen.add(p.flag)

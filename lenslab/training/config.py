@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lenslab.training.errors import ConfigError
-from lenslab.training.presets import DTYPES, modadd_model_config, mpsp_model_config, torch_dtype
+from lenslab.training.presets import DTYPES, mnist_model_config, modadd_model_config, mpsp_model_config, torch_dtype
 from lenslab.training.run import Run
 from lenslab.training.runio import CKPT_RE, file_sha256, read_config
 from lenslab.training.spec import (
@@ -41,7 +41,10 @@ from lenslab.training.spec import (
     MAX_EVALS,
     RUN_FORMAT,
     TASK,
+    TASKS,
     VERSION,
+    MLPSpec,
+    MNISTSpec,
     ModAddSpec,
     ModelSpec,
     MPSPSpec,
@@ -67,6 +70,7 @@ __all__ = [
     "default_seeds_dir",
     "init_config",
     "log_schedule",
+    "mnist_run_config",
     "modadd_run_config",
     "mpsp_run_config",
     "resume_config",
@@ -76,13 +80,13 @@ __all__ = [
 
 # the defaults, as dicts (read from TrainSpec's field metadata, where they live)
 _TRAIN = params(TrainSpec)
-TRAIN_DEFAULTS = {
-    task: {k: p.default_for(task) for k, p in _TRAIN.items() if isinstance(p.default, dict)} for task in ("mpsp", "modadd")
-}
+TRAIN_DEFAULTS = {task: {k: p.default_for(task) for k, p in _TRAIN.items() if isinstance(p.default, dict)} for task in TASKS}
 COMMON_TRAIN = {k: p.default for k, p in _TRAIN.items() if not isinstance(p.default, dict)}
 _MPSP = params(MPSPSpec)
 _MODEL = params(ModelSpec)
 _MODADD = params(ModAddSpec)
+_MNIST = params(MNISTSpec)
+_MLP = params(MLPSpec)
 
 
 def mpsp_run_config(
@@ -124,6 +128,21 @@ def modadd_run_config(
     task = ModAddSpec(p=p, train_frac=train_frac, seed=data_seed)
     model = ModelSpec(**modadd_model_config(task.rule))
     return RunSpec(task=task, model=model, train=TrainSpec.for_task("modadd", **train)).to_dict()
+
+
+def mnist_run_config(
+    n_per_class: int = _MNIST["n_per_class"].default,
+    n_classes: int = _MNIST["n_classes"].default,
+    loss: str = _MNIST["loss"].default,
+    data_seed: int = _MNIST["seed"].default,
+    d_hidden: int = _MLP["d_hidden"].default,
+    init_scale: float = _MLP["init_scale"].default,
+    **train: Any,
+) -> dict:
+    """Paper 2's MLP on MNIST (the predecessor's protocol by default: 784-200-200-10, init x8, MSE, AdamW 5e-4, batch 200)."""
+    task = MNISTSpec(n_per_class=n_per_class, n_classes=n_classes, loss=loss, seed=data_seed)
+    model = MLPSpec(**mnist_model_config(task.rule, d_hidden=d_hidden, init_scale=init_scale))
+    return RunSpec(task=task, model=model, train=TrainSpec.for_task("mnist", **train)).to_dict()
 
 
 def check_train(cfg: dict) -> None:
@@ -203,7 +222,14 @@ def with_init(config: dict, source: str | Path) -> dict:
 def _flag_places() -> dict[str, tuple[str, str]]:
     """flag -> (block, key) in config.json, from the spec's field metadata (``Param.flag``)."""
     places = {TASK.flag: ("task", "name")}
-    for block, cls in (("task", MPSPSpec), ("model", ModelSpec), ("task", ModAddSpec), ("train", TrainSpec)):
+    for block, cls in (
+        ("task", MPSPSpec),
+        ("model", ModelSpec),
+        ("task", ModAddSpec),
+        ("task", MNISTSpec),
+        ("model", MLPSpec),
+        ("train", TrainSpec),
+    ):
         for key, p in params(cls).items():
             if p.flag and p.flag != "epochs":
                 places.setdefault(p.flag, (block, key))
@@ -214,6 +240,9 @@ FLAG_PLACES = _flag_places()  # flag -> where it lives in config.json (the flags
 TRAIN_FLAGS = tuple(p.flag for p in _TRAIN.values() if p.flag)
 MPSP_FLAGS = tuple(p.flag for p in (*_MPSP.values(), *_MODEL.values()) if p.flag and p.flag not in ("data_seed",))
 MODADD_FLAGS = tuple(p.flag for p in _MODADD.values() if p.flag and p.flag != "data_seed")
+MNIST_FLAGS = tuple(p.flag for p in (*_MNIST.values(), *_MLP.values()) if p.flag and p.flag != "data_seed")
+TASK_FLAGS = {"mpsp": MPSP_FLAGS, "modadd": MODADD_FLAGS, "mnist": MNIST_FLAGS}
+BUILDERS = {"mpsp": "mpsp_run_config", "modadd": "modadd_run_config", "mnist": "mnist_run_config"}
 
 
 def _flag_value(flag: str, value: Any) -> Any:
@@ -229,17 +258,19 @@ def config_from_flags(given: dict) -> dict:
     """The config of ``lenslab train``'s flags (``{flag name: value}``, only those given; the rest default)."""
     task = given.get(TASK.flag, TASK.default)
     train = {k: _flag_value(k, given[k]) for k in TRAIN_FLAGS if k in given}
-    if task == "modadd":
-        stray = sorted(set(given) & set(MPSP_FLAGS))
-        if stray:
-            raise ConfigError(f"--{stray[0].replace('_', '-')} is an mpsp flag; modadd takes --p and --train-frac")
-        kw = {k: given[k] for k in MODADD_FLAGS if k in given}
-        return modadd_run_config(**kw, **({"data_seed": given["data_seed"]} if "data_seed" in given else {}), **train)
-    stray = sorted(set(given) & set(MODADD_FLAGS))
-    if stray:
-        raise ConfigError(f"--{stray[0].replace('_', '-')} is a modadd flag; add --task modadd")
-    kw = {k: given[k] for k in MPSP_FLAGS if k in given}
-    return mpsp_run_config(**kw, **({"data_seed": given["data_seed"]} if "data_seed" in given else {}), **train)
+    own = set(TASK_FLAGS[task])
+    for other, flags in TASK_FLAGS.items():
+        stray = sorted((set(given) & set(flags)) - own)
+        if other != task and stray:
+            takes = ", ".join("--" + f.replace("_", "-") for f in TASK_FLAGS[task]) or "no task flags"
+            hint = f"add --task {other}" if task == TASK.default and "task" not in given else f"{task} takes {takes}"
+            raise ConfigError(
+                f"--{stray[0].replace('_', '-')} is {'an' if other in ('mpsp', 'mnist') else 'a'} {other} flag; {hint}"
+            )
+    kw = {k: given[k] for k in TASK_FLAGS[task] if k in given}
+    if "data_seed" in given:
+        kw["data_seed"] = given["data_seed"]
+    return globals()[BUILDERS[task]](**kw, **train)
 
 
 def resume_config(run_dir: str | Path, given: dict) -> dict:
@@ -271,7 +302,7 @@ def init_config(source: str | Path, given: dict) -> dict:
         raise ConfigError(
             f"--task {given[TASK.flag]} with --init-from a {name} run: the weights cannot carry over to another task"
         )
-    skip = set(MPSP_FLAGS) if name == "modadd" else set(MODADD_FLAGS)
+    skip = {f for task, flags in TASK_FLAGS.items() if task != name for f in flags} - set(TASK_FLAGS[name])
     inherited = {TASK.flag: name, "epochs": src["train"]["epochs"]}
     for flag, (block, key) in FLAG_PLACES.items():
         if flag not in skip and key in src[block]:
@@ -286,6 +317,8 @@ def default_run_dir(cfg: dict) -> Path:
     t, m = cfg["task"], cfg["model"]
     if t["name"] == "modadd":
         name = f"modadd-p{t['p']}-wd{cfg['train']['weight_decay']:g}-s{cfg['train']['seed']}"
+    elif t["name"] == "mnist":
+        name = f"mnist-{t['n_per_class'] * t['n_classes']}-{t['loss']}-wd{cfg['train']['weight_decay']:g}-s{cfg['train']['seed']}"
     else:
         name = f"mpsp-{t['label']}-{t['shortcut']}-r{t['ratio']:g}-{m['n_layers']}L{m['n_heads']}H-s{cfg['train']['seed']}"
     if cfg["train"].get("dtype", "float32") != "float32":

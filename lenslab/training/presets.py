@@ -25,8 +25,10 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from lenslab.tasks import ModAddTask, MPSPTask
+from lenslab.tasks.mnist import MNISTTask
 from lenslab.training.errors import ConfigError
-from lenslab.training.spec import DTYPE_NAMES, ModelSpec, check_field, params
+from lenslab.training.mlp import HookedMLP, build_mlp
+from lenslab.training.spec import DTYPE_NAMES, MLPSpec, ModelSpec, check_field, is_mlp_config, params
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # the precisions lenslab trains in (training.spec.DTYPE_NAMES)
 _MODEL = params(ModelSpec)
@@ -90,6 +92,23 @@ def modadd_model_config(task: ModAddTask) -> dict:
     }
 
 
+def mnist_model_config(
+    task: MNISTTask,
+    d_hidden: int = params(MLPSpec)["d_hidden"].default,
+    init_scale: float = params(MLPSpec)["init_scale"].default,
+) -> dict:
+    """Paper 2's MLP for ``task``: 784 -> 200 -> 200 -> n_classes, ReLU, the ``nn.Linear`` init times ``init_scale``."""
+    return {
+        "arch": "mlp",
+        "d_in": task.d_in,
+        "d_hidden": d_hidden,
+        "n_layers": 3,
+        "d_out": task.d_out,
+        "act_fn": "relu",
+        "init_scale": init_scale,
+    }
+
+
 def hooked_config(model_kwargs: dict, device: str | None = None) -> HookedTransformerConfig:
     """``HookedTransformerConfig(**model_kwargs)``, refusing ``seed`` (it reseeds globally)."""
     if model_kwargs.get("seed") is not None:
@@ -102,13 +121,19 @@ def hooked_config(model_kwargs: dict, device: str | None = None) -> HookedTransf
 
 def build_model(
     model_kwargs: dict, seed: int | None = None, device: str | None = None, dtype: str | torch.dtype | None = None
-) -> HookedTransformer:
-    """A fresh ``HookedTransformer``; with ``seed`` its init is reproducible and global RNGs are untouched.
+) -> HookedTransformer | HookedMLP:
+    """A fresh ``HookedTransformer`` (or ``HookedMLP`` for an ``arch="mlp"`` block); with ``seed`` its
+    init is reproducible and global RNGs are untouched.
 
     ``dtype`` ("float32" | "float64" or a torch dtype; default float32): the model is drawn in
     float32 and then cast (TransformerLens's ``.to``, which also sets ``cfg.dtype``), so a
     float64 model starts from exactly the float32 model's weights of the same seed.
     """
+    if is_mlp_config(model_kwargs):
+        want = DTYPES.get(dtype) if isinstance(dtype, str) else dtype
+        if dtype is not None and want is None:
+            raise ConfigError(f"dtype={dtype!r} is not supported: use one of {', '.join(DTYPES)}")
+        return build_mlp(model_kwargs, seed=seed, device=device, dtype=want)
     cfg = hooked_config(model_kwargs, device)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")

@@ -17,7 +17,9 @@ import torch
 from transformer_lens import HookedTransformer
 
 from lenslab.tasks import ModAddTask, MPSPTask
+from lenslab.tasks.mnist import MNISTTask
 from lenslab.training.errors import RunError
+from lenslab.training.mlp import HookedMLP
 from lenslab.training.presets import build_model, torch_dtype
 from lenslab.training.runio import (
     CKPT_RE,
@@ -31,7 +33,7 @@ from lenslab.training.runio import (
 )
 
 
-def task_from_config(task_cfg: dict) -> MPSPTask | ModAddTask:
+def task_from_config(task_cfg: dict) -> MPSPTask | ModAddTask | MNISTTask:
     """The task object described by ``config["task"]``."""
     name = task_cfg.get("name")
     if name == "mpsp":
@@ -43,7 +45,9 @@ def task_from_config(task_cfg: dict) -> MPSPTask | ModAddTask:
         )
     if name == "modadd":
         return ModAddTask(p=task_cfg.get("p"), train_frac=task_cfg.get("train_frac"))
-    raise RunError(f"config.json: unknown task name {name!r}; expected 'mpsp' or 'modadd'")
+    if name == "mnist":
+        return MNISTTask(n_per_class=task_cfg.get("n_per_class"), n_classes=task_cfg.get("n_classes"), loss=task_cfg.get("loss"))
+    raise RunError(f"config.json: unknown task name {name!r}; expected 'mpsp', 'modadd' or 'mnist'")
 
 
 @dataclass
@@ -74,7 +78,7 @@ class Run:
 
     # -- contents --------------------------------------------------------------------
     @property
-    def task(self) -> MPSPTask | ModAddTask:
+    def task(self) -> MPSPTask | ModAddTask | MNISTTask:
         return task_from_config(self.config["task"])
 
     @property
@@ -89,7 +93,12 @@ class Run:
         return self._splits
 
     def split_names(self) -> list[str]:
-        return [k[: -len("_tokens")] for k in self.splits if k.endswith("_tokens")]
+        part = "_images" if self.is_mnist else "_tokens"
+        return [k[: -len(part)] for k in self.splits if k.endswith(part)]
+
+    @property
+    def is_mnist(self) -> bool:
+        return self.config["task"].get("name") == "mnist"
 
     @property
     def metrics(self) -> list[dict]:
@@ -111,7 +120,7 @@ class Run:
         """The precision the run trained (and checkpointed) in: ``config["train"]["dtype"]``."""
         return torch_dtype(self.config["train"])
 
-    def new_model(self, device: str = "cpu") -> HookedTransformer:
+    def new_model(self, device: str = "cpu") -> HookedTransformer | HookedMLP:
         """A fresh model of this run's architecture, in the run's dtype. CPU by default (not TL's
         "cuda when available"): the analysis tools build their inputs on the CPU; pass ``device="cuda"`` to move it."""
         return build_model(self.config["model"], seed=0, device=device, dtype=self.dtype)
@@ -130,7 +139,7 @@ class Run:
                 return p
         raise RunError(f"{self.path}: no checkpoint for epoch {epoch}; available: {[e for e, _ in ckpts]}")
 
-    def model(self, epoch: int | None = None, device: str = "cpu") -> HookedTransformer:
+    def model(self, epoch: int | None = None, device: str = "cpu") -> HookedTransformer | HookedMLP:
         """The model at ``epoch`` (default: the focused or the last checkpoint), in eval mode."""
         model = self.new_model(device)
         load_checkpoint_into(model, self.checkpoint_file(epoch), self.config["model"])
@@ -142,7 +151,9 @@ class Run:
         m = CKPT_RE.match(self.focus.name)
         return int(m.group(1)) if m else None
 
-    def iter_models(self, device: str = "cpu", epochs: Collection[int] | None = None) -> Iterator[tuple[int, HookedTransformer]]:
+    def iter_models(
+        self, device: str = "cpu", epochs: Collection[int] | None = None
+    ) -> Iterator[tuple[int, HookedTransformer | HookedMLP]]:
         """``(epoch, model)`` over every checkpoint (or those of ``epochs``) in order; one model object, reloaded in place."""
         ckpts = self.checkpoints()
         if epochs is not None:

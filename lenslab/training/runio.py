@@ -445,9 +445,41 @@ def load_splits(
     return tensors
 
 
+def load_image_splits(run_dir: str | Path, d_in: int, n_classes: int) -> dict[str, torch.Tensor]:
+    """An image task's splits (MNIST): uint8 ``<split>_images [n, d_in]``, int64 ``_labels [n]`` in
+    ``[0, n_classes)`` and ``_index [n]``, checked before any data is read."""
+    path = Path(run_dir) / "splits.safetensors"
+    layout, _ = read_header(path)
+    splits: dict[str, dict] = {}
+    for name, (dtype, shape) in layout.items():
+        split, _, part = name.rpartition("_")
+        want = {"images": "U8", "labels": "I64", "index": "I64"}.get(part)
+        if not split or want is None:
+            raise RunError(f"{path}: unexpected tensor {name!r}; an image splits file holds <split>_images / _labels / _index")
+        if dtype != want:
+            raise RunError(f"{path}: {name} has dtype {dtype}, expected {want}")
+        splits.setdefault(split, {})[part] = shape
+    if "train" not in splits:
+        raise RunError(f"{path}: no train split (train_images / train_labels)")
+    for split, parts in splits.items():
+        img = parts.get("images")
+        if img is None or len(img) != 2 or img[0] < 1 or img[1] != d_in:
+            raise RunError(f"{path}: {split}_images has shape {img}, expected [n >= 1, {d_in}]")
+        for part in ("labels", "index"):
+            if (part in parts or part == "labels") and parts.get(part) != (img[0],):
+                raise RunError(f"{path}: {split}_{part} has shape {parts.get(part)}, expected [{img[0]}]")
+    tensors, _ = read_safetensors(path)
+    for name, t in tensors.items():
+        if name.endswith("_labels") and (t.min() < 0 or t.max() >= n_classes):
+            raise RunError(f"{path}: {name} holds values outside [0, {n_classes}); the splits do not fit this run's model")
+    return tensors
+
+
 def load_run_splits(run_dir: str | Path, model_kwargs: dict) -> dict[str, torch.Tensor]:
-    """``load_splits`` checked against the run's model: positions, token ids and label classes."""
+    """``load_splits`` checked against the run's model: positions, token ids and label classes (MLP: image splits)."""
     m = model_kwargs
+    if m.get("arch") == "mlp":
+        return load_image_splits(run_dir, m["d_in"], m["d_out"])
     return load_splits(run_dir, n_ctx=m["n_ctx"], d_vocab=m["d_vocab"], n_classes=m["d_vocab_out"])
 
 

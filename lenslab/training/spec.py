@@ -23,6 +23,7 @@ the training package, so config, run and runio import it without cycles.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Callable
@@ -31,12 +32,13 @@ from typing import Any, ClassVar, no_type_check
 
 from lenslab.tasks import LABELS, SHORTCUTS, ModAddTask, MPSPTask
 from lenslab.tasks.errors import LenslabError
+from lenslab.tasks.mnist import LOSSES, MNISTTask
 from lenslab.tasks.splits import check_ratio
 from lenslab.training.errors import ConfigError, RunError
 
 VERSION = "0.1.0"
 RUN_FORMAT = "lenslab-run/1"
-TASKS = ("mpsp", "modadd")
+TASKS = ("mpsp", "modadd", "mnist")
 DTYPE_NAMES = ("float32", "float64")  # the precisions lenslab trains in (presets.DTYPES maps them to torch)
 EVAL_SCHEDULES = ("linear", "log")
 MAX_EVALS = 2000  # log_schedule is exact integer arithmetic: 0.05 s at 1000 evaluations, ~16 s at 10,000
@@ -203,7 +205,7 @@ class _Spec:
 def _task_name(name: str) -> Callable[[Any], Any]:
     def check(v: Any) -> Any:
         if v != name:
-            raise ConfigError(f"task.name={v!r} must be 'mpsp' or 'modadd'")
+            raise ConfigError(f"task.name={v!r} must be one of {', '.join(TASKS)}")
         return v
 
     return check
@@ -262,7 +264,29 @@ class ModAddSpec(_Spec):
         return ModAddTask(p=self.p, train_frac=self.train_frac)
 
 
-TASK_SPECS: dict[str, type[MPSPSpec | ModAddSpec]] = {"mpsp": MPSPSpec, "modadd": ModAddSpec}
+@no_type_check  # validates raw JSON/CLI values itself, in __post_init__, with a readable ConfigError
+@dataclass(frozen=True)
+class MNISTSpec(_Spec):
+    """MNIST digits for paper 2's MLP (``config["task"]`` with ``name="mnist"``): ``tasks.mnist``."""
+
+    name: str = param("choice", "mnist", choices=TASKS, validator=_task_name("mnist"))
+    n_per_class: int = param("int", 100, lo=1, hi=499, help="mnist train images per class (the rest is test)", flag="n_per_class")
+    n_classes: int = param("int", 10, lo=2, hi=10, help="mnist digits used, 0..n-1", flag="n_classes")
+    loss: str = param("choice", "mse", choices=LOSSES, help="mnist loss: mse on one-hot targets, or ce", flag="loss")
+    seed: int = param(
+        "int", 0, lo=0, hi=SEED_MAX, what="data seed", help="seed of the splits, fixed per experiment", flag="data_seed"
+    )
+
+    def __post_init__(self) -> None:
+        self._check_fields()
+        self.rule  # noqa: B018
+
+    @property
+    def rule(self) -> MNISTTask:
+        return MNISTTask(n_per_class=self.n_per_class, n_classes=self.n_classes, loss=self.loss)
+
+
+TASK_SPECS: dict[str, type[MPSPSpec | ModAddSpec | MNISTSpec]] = {"mpsp": MPSPSpec, "modadd": ModAddSpec, "mnist": MNISTSpec}
 
 
 # -- the model -------------------------------------------------------------------------------
@@ -324,6 +348,53 @@ def model_bytes(model: dict) -> int:
     return 4 * params_ + L * ctx * ctx  # masks: one [n_ctx, n_ctx] bool buffer per layer
 
 
+@no_type_check  # validates raw JSON/CLI values itself, in __post_init__, with a readable ConfigError
+@dataclass(frozen=True)
+class MLPSpec(_Spec):
+    """The hooked MLP (``config["model"]`` with ``arch="mlp"``): ``training.mlp.HookedMLP``.
+
+    ``n_layers`` linear layers ``d_in -> d_hidden -> ... -> d_out``; every parameter of the
+    ``nn.Linear`` init is multiplied by ``init_scale`` (the predecessor: 8).
+    """
+
+    PREFIX: ClassVar[str] = "model."
+
+    arch: str = param("choice", "mlp", choices=("mlp",))
+    d_in: int = param("int", 784, lo=1, hi=1 << 20)
+    d_hidden: int = param("int", 200, lo=1, hi=1 << 16, help="mnist MLP width", flag="d_hidden")
+    n_layers: int = param("int", 3, lo=2, hi=64)
+    d_out: int = param("int", 10, lo=2, hi=1 << 16)
+    act_fn: str = param("choice", "relu", choices=("relu", "gelu", "tanh"))
+    init_scale: float = param("float", 8.0, lo=1e-6, hi=1e6, help="mnist MLP: every init parameter times this", flag="init_scale")
+
+    def __post_init__(self) -> None:
+        self._check_fields()
+        dims = [self.d_in, *[self.d_hidden] * (self.n_layers - 1), self.d_out]
+        need = 4 * sum(a * b + b for a, b in itertools.pairwise(dims))
+        if need > MAX_MODEL_BYTES:
+            raise ConfigError(f"the MLP would take ~{need / 2**30:.1f} GiB of weights; refusing to allocate it")
+
+    @classmethod
+    def from_dict(cls, model: Any) -> MLPSpec:
+        if not isinstance(model, dict):
+            raise ConfigError("'model' must be an object of MLP fields")
+        unknown, missing = set(model) - cls.keys(), cls.keys() - set(model)
+        if unknown or missing:
+            raise ConfigError(
+                f"MLP model block: missing {sorted(missing)}, unknown {sorted(unknown)}; expected {sorted(cls.keys())}"
+            )
+        return cls(**model)
+
+
+def is_mlp_config(model: Any) -> bool:
+    """Whether a ``config["model"]`` block is the hooked MLP's (else HookedTransformerConfig kwargs)."""
+    return isinstance(model, dict) and model.get("arch") == "mlp"
+
+
+def model_spec_from_dict(model: Any) -> ModelSpec | MLPSpec:
+    return MLPSpec.from_dict(model) if is_mlp_config(model) else ModelSpec.from_dict(model)
+
+
 # -- training ----------------------------------------------------------------------------------
 def _betas(v: Any) -> tuple[float, float]:
     if not (isinstance(v, (list, tuple)) and len(v) == 2):
@@ -341,16 +412,26 @@ class TrainSpec(_Spec):
     MPSP: AdamW lr 1e-3, weight decay 0.1, betas (0.9, 0.999), batch 512, eval every 5 epochs.
     Modular addition: the standard grokking recipe, AdamW lr 1e-3, weight decay 1.0, betas
     (0.9, 0.98), full batch (``batch_size=None``), eval every 50 epochs.
+    MNIST MLP: the predecessor's, AdamW lr 5e-4, weight decay 0, betas (0.9, 0.999), batch 200.
     """
 
-    epochs: int = param("int", {"mpsp": 150, "modadd": 3000}, lo=0, hi=10_000_000, help="total epochs", flag="epochs")
-    lr: float = param("float", 1e-3, lo=1e-12, hi=10.0, help="AdamW learning rate", flag="lr")
+    epochs: int = param(
+        "int",
+        {"mpsp": 150, "modadd": 3000, "mnist": 2000},
+        lo=0,
+        hi=10_000_000,
+        help="total epochs (mnist: one epoch is one pass, train size / batch steps)",
+        flag="epochs",
+    )
+    lr: float = param(
+        "float", {"mpsp": 1e-3, "modadd": 1e-3, "mnist": 5e-4}, lo=1e-12, hi=10.0, help="AdamW learning rate", flag="lr"
+    )
     weight_decay: float = param(
-        "float", {"mpsp": 0.1, "modadd": 1.0}, lo=0.0, hi=100.0, help="AdamW weight decay", flag="weight_decay"
+        "float", {"mpsp": 0.1, "modadd": 1.0, "mnist": 0.0}, lo=0.0, hi=100.0, help="AdamW weight decay", flag="weight_decay"
     )
     betas: tuple[float, float] = param(
         "float",
-        {"mpsp": (0.9, 0.999), "modadd": (0.9, 0.98)},
+        {"mpsp": (0.9, 0.999), "modadd": (0.9, 0.98), "mnist": (0.9, 0.999)},
         lo=0.0,
         hi=0.999999,
         help="AdamW betas",
@@ -359,7 +440,7 @@ class TrainSpec(_Spec):
     )
     batch_size: int | None = param(
         "int",
-        {"mpsp": 512, "modadd": None},
+        {"mpsp": 512, "modadd": None, "mnist": 200},
         lo=1,
         hi=1 << 24,
         nullable=True,
@@ -367,7 +448,7 @@ class TrainSpec(_Spec):
         flag="batch_size",
     )
     eval_every: int = param(
-        "int", {"mpsp": 5, "modadd": 50}, lo=1, hi=10_000_000, help="epochs between evaluations", flag="eval_every"
+        "int", {"mpsp": 5, "modadd": 50, "mnist": 100}, lo=1, hi=10_000_000, help="epochs between evaluations", flag="eval_every"
     )
     seed: int = param("int", 0, lo=0, hi=SEED_MAX, help="model init + data order seed", flag="seed")
     ckpt_density: int = param(
@@ -451,8 +532,8 @@ def check_init_block(init: Any, where: str = "config.json") -> dict:
 class RunSpec:
     """A whole run config: ``RunSpec.from_dict(cfg).to_dict() == cfg`` for every config.json lenslab writes."""
 
-    task: MPSPSpec | ModAddSpec
-    model: ModelSpec
+    task: MPSPSpec | ModAddSpec | MNISTSpec
+    model: ModelSpec | MLPSpec
     train: TrainSpec
     init: InitSpec | None = None
     format: str = RUN_FORMAT
@@ -462,11 +543,21 @@ class RunSpec:
         if self.format != RUN_FORMAT:
             raise ConfigError(f"format {self.format!r} is not {RUN_FORMAT!r}; not a lenslab run")
         if (
-            not isinstance(self.task, (MPSPSpec, ModAddSpec))
-            or not isinstance(self.model, ModelSpec)
+            not isinstance(self.task, (MPSPSpec, ModAddSpec, MNISTSpec))
+            or not isinstance(self.model, MLPSpec if isinstance(self.task, MNISTSpec) else ModelSpec)
             or not isinstance(self.train, TrainSpec)
         ):
-            raise ConfigError("a RunSpec holds an MPSPSpec or ModAddSpec, a ModelSpec and a TrainSpec")
+            raise ConfigError(
+                "a RunSpec holds a task spec, a model spec (MLPSpec for mnist, ModelSpec otherwise) and a TrainSpec"
+            )
+        if isinstance(self.task, MNISTSpec) and (self.model.d_in, self.model.d_out) != (
+            self.task.rule.d_in,
+            self.task.rule.d_out,
+        ):
+            raise ConfigError(
+                f"the MLP maps {self.model.d_in} -> {self.model.d_out}, but mnist with n_classes={self.task.n_classes} "
+                f"needs {self.task.rule.d_in} -> {self.task.rule.d_out}"
+            )
         if isinstance(self.task, MPSPSpec) and self.task.seq_len + 1 > self.model.n_ctx:
             raise ConfigError(
                 f"seq_len={self.task.seq_len} needs n_ctx >= {self.task.seq_len + 1} (values + readout), "
@@ -510,12 +601,12 @@ class RunSpec:
             if not isinstance(cfg.get(key), dict):
                 raise run_error(f"{pre}missing or malformed {key!r} block")
         try:
-            model = ModelSpec.from_dict(cfg["model"])
+            model = model_spec_from_dict(cfg["model"])
         except LenslabError as e:
             raise ConfigError(f"{where or 'model config'}: {e}") from None
         name = cfg["task"].get("name")
         if name not in TASK_SPECS:
-            raise run_error(f"{pre}task.name={name!r} must be 'mpsp' or 'modadd'")
+            raise run_error(f"{pre}task.name={name!r} must be one of {', '.join(TASKS)}")
         task_cls = TASK_SPECS[name]
         train = {**LEGACY_TRAIN, **cfg["train"]}  # a run written before the key existed trained with this value
         for block, d, known in (("task", cfg["task"], task_cls.keys()), ("train", train, TrainSpec.keys())):
@@ -541,7 +632,7 @@ class RunSpec:
 def check_model_kwargs(model: Any, where: str = "config.json") -> dict:
     """Validate the ``"model"`` block before building anything (no huge allocations); ``ConfigError``."""
     try:
-        ModelSpec.from_dict(model)
+        model_spec_from_dict(model)
     except LenslabError as e:
         raise ConfigError(f"{where}: {e}") from None
     return model

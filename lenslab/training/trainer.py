@@ -41,15 +41,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
-from transformer_lens import HookedTransformer
 
 from lenslab.tasks import make_modadd_splits, make_mpsp_splits
+from lenslab.tasks.mnist import make_mnist_splits
 from lenslab.training.config import check_train, torch_dtype
 from lenslab.training.errors import ConfigError, TrainingDiverged
-from lenslab.training.gradients import gradient_dynamics, readout_logits
+from lenslab.training.gradients import gradient_dynamics
+from lenslab.training.objective import Objective
 from lenslab.training.presets import build_model
 from lenslab.training.run import task_from_config
 from lenslab.training.writer import (  # noqa: F401  (EvalSchedule, is_checkpoint_epoch, check_init_source: re-exported)
@@ -105,27 +105,32 @@ def make_splits(config: dict) -> dict[str, torch.Tensor]:
         return make_mpsp_splits(
             task, task_cfg["ratio"], task_cfg["n_train"], task_cfg["n_val"], task_cfg["n_adv"], task_cfg["seed"]
         )
+    if task_cfg["name"] == "mnist":
+        return make_mnist_splits(task, task_cfg["seed"])
     return make_modadd_splits(task, task_cfg["seed"])
 
 
 @torch.no_grad()
-def evaluate(model: HookedTransformer, splits: dict[str, torch.Tensor], device: torch.device) -> dict:
+def evaluate(
+    model: torch.nn.Module, splits: dict[str, torch.Tensor], device: torch.device, objective: Objective | None = None
+) -> dict:
     """Loss and accuracy on every split (and the MPSP train groups), in the model's dtype (float32 at
-    least), plus the train split's ``collapse_diagnostics`` from the same forward pass."""
+    least), plus the train split's ``collapse_diagnostics`` from the same forward pass.
+    ``objective``: how the task is fed and scored (default: a token task with cross-entropy)."""
+    obj = objective or Objective("tokens", "ce", 0)
+    dtype = next(model.parameters()).dtype
     was_training = model.training
     model.eval()
     out: dict = {}
-    names = sorted(k[: -len("_tokens")] for k in splits if k.endswith("_tokens"))
-    for name in sorted(names, key=lambda n: n != "train"):
-        if name == "counterfactual":
-            continue
-        tokens, labels = splits[f"{name}_tokens"], splits[f"{name}_labels"]
+    for name in obj.split_names(splits):
+        inputs, labels = splits[f"{name}{obj.input_part}"], splits[f"{name}_labels"]
         losses, correct, max_logit = [], [], []
-        for s in range(0, len(tokens), EVAL_CHUNK):
-            logits = readout_logits(model, tokens[s : s + EVAL_CHUNK].to(device))
+        for s in range(0, len(inputs), EVAL_CHUNK):
+            x = obj.inputs({f"{name}{obj.input_part}": inputs[s : s + EVAL_CHUNK]}, name, device, dtype)
+            logits = obj.logits(model, x)
             logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
             y = labels[s : s + EVAL_CHUNK].to(device)
-            losses.append(F.cross_entropy(logits, y, reduction="none").cpu())
+            losses.append(obj.example_losses(logits, y).cpu())
             correct.append((logits.argmax(-1) == y).cpu())
             max_logit.append(logits.abs().max().cpu())
         loss, hit = torch.cat(losses), torch.cat(correct)
@@ -162,7 +167,7 @@ def norm_diagnostics(named_params: list[tuple[str, Tensor]], grads: list[Tensor 
     return out
 
 
-def _optimizer(model: HookedTransformer, t: dict) -> torch.optim.AdamW:
+def _optimizer(model: torch.nn.Module, t: dict) -> torch.optim.AdamW:
     return torch.optim.AdamW(model.parameters(), lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"])
 
 
@@ -211,15 +216,17 @@ def train(
 
 
 def _loop(
-    config: dict, writer: RunWriter, model: HookedTransformer, opt: torch.optim.Optimizer, splits, dev, progress, on_eval
+    config: dict, writer: RunWriter, model: torch.nn.Module, opt: torch.optim.Optimizer, splits, dev, progress, on_eval
 ) -> dict:
     t, out, start, schedule = config["train"], writer.out, writer.start, writer.schedule
     epochs, seed = t["epochs"], t["seed"]
-    tokens = splits["train_tokens"].to(dev)
+    obj = Objective.of(config)
+    tokens = obj.inputs(splits, "train", dev, torch_dtype(t))  # tokens, or the MLP's float inputs
     labels = splits["train_labels"].to(dev)
     consistent = (splits["train_labels"] == splits["train_shortcut"]) if "train_shortcut" in splits else None
     n = tokens.shape[0]
     bs = t["batch_size"] or n
+    steps_per_epoch = -(-n // bs)
     dev_splits = {k: v.to(dev) for k, v in splits.items()}
 
     def state() -> dict[str, Tensor]:
@@ -227,7 +234,9 @@ def _loop(
 
     def do_eval(epoch: int) -> None:
         params = list(model.named_parameters())
-        row = {"epoch": epoch, **evaluate(model, dev_splits, dev), **norm_diagnostics(params, [p.grad for _, p in params])}
+        row = {"epoch": epoch, **evaluate(model, dev_splits, dev, obj), **norm_diagnostics(params, [p.grad for _, p in params])}
+        if obj.kind == "images":
+            row["step"] = epoch * steps_per_epoch
         if consistent is not None:
             row.update(gradient_dynamics(model, tokens, labels, consistent.to(dev), t["grad_probe_size"]))
         writer.log_eval(row)
@@ -247,7 +256,7 @@ def _loop(
                 loss_sum = torch.zeros((), device=dev, dtype=torch_dtype(t))
                 for s in range(0, n, bs):
                     idx = perm[s : s + bs]
-                    loss = F.cross_entropy(readout_logits(model, tokens[idx]), labels[idx])
+                    loss = obj.loss(obj.logits(model, tokens[idx]), labels[idx])
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     opt.step()
