@@ -132,3 +132,64 @@ def modadd_outcome(run) -> dict:
         "weight_norm_final": last.get("weight_norm"),
         "outcome": outcome,
     }
+
+
+# -- MNIST MLP (paper 2): the rules fixed in reproduction/mnist_antigrok.py before its runs were looked at --
+MNIST_FIT = 0.99  # train accuracy that counts as fitted (memorized)
+MNIST_GROK = 0.80  # test accuracy that counts as grokked (the 1k-image MLP's plateau is ~0.85-0.9)
+MNIST_ANTI_DROP, MNIST_ANTI_RUN = 0.10, 3  # anti-grokked: <= peak - 0.10 at 3 consecutive evaluations, train still fitted
+MNIST_FALL_DROP = 0.03  # fall onset: from here test accuracy stays <= peak - 0.03 to the end
+
+
+def mnist_phases(rows: list[dict]) -> dict:
+    """The phases of an MNIST-MLP run from its metrics rows (the pre-registered rules above).
+
+    Returns the steps (``step`` of the rows; ``epoch`` where a row has none) of the fit, the
+    peak, the grok, the anti-grok and the fall onset (None where a rule is not met), the peak and
+    final test accuracy, ``outcome`` ("fitting" | "pre-grok" | "grokked" | "anti-grokked": the
+    phase at the last evaluation) and ``phase``: one phase per row, in order.
+    """
+    if not rows:
+        return {"outcome": None, "phase": []}
+    at = [r.get("step", r["epoch"]) for r in rows]
+    test = [r["test_acc"] for r in rows]
+    fitted = [r["train_acc"] >= MNIST_FIT for r in rows]
+    fit = next((i for i, f in enumerate(fitted) if f), None)
+    peak = max(range(len(rows)), key=lambda i: (test[i], -i))
+    grok = next((i for i, a in enumerate(test) if a >= MNIST_GROK), None) if test[peak] >= MNIST_GROK else None
+    anti = None
+    for i in range(peak + 1, len(rows) - MNIST_ANTI_RUN + 1):
+        window = range(i, i + MNIST_ANTI_RUN)
+        if all(test[j] <= test[peak] - MNIST_ANTI_DROP and fitted[j] for j in window):
+            anti = i
+            break
+    fall = None
+    for i in range(len(rows) - 1, peak, -1):  # the earliest i after the peak with every later row low
+        if test[i] > test[peak] - MNIST_FALL_DROP:
+            break
+        fall = i
+    phase = []
+    for i in range(len(rows)):
+        if fit is None or i < fit:
+            phase.append("fitting")
+        elif anti is not None and i >= anti:
+            phase.append("anti-grokked")
+        elif grok is not None and i >= grok:
+            phase.append("grokked")
+        else:
+            phase.append("pre-grok")
+    step = lambda i: None if i is None else at[i]
+    return {
+        "steps": at[-1],
+        "fit_step": step(fit),
+        "peak_step": at[peak],
+        "peak_test_acc": test[peak],
+        "grok_step": step(grok),
+        "anti_grok_step": step(anti),
+        "fall_onset_step": step(fall),
+        "test_acc_final": test[-1],
+        "train_acc_final": rows[-1]["train_acc"],
+        "weight_norm_final": rows[-1].get("weight_norm"),
+        "outcome": phase[-1],
+        "phase": phase,
+    }
