@@ -24,7 +24,8 @@ import itertools
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookedRootModule, HookPoint
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
 
 ACTIVATIONS = {"relu": torch.relu, "gelu": nn.functional.gelu, "tanh": torch.tanh}
 
