@@ -229,10 +229,10 @@ def test_lock_refuses_a_second_writer_and_recovers_a_stale_one(tmp_path):
 
 
 def test_diverging_loss_stops_with_epoch_named(tmp_path, monkeypatch):
-    from lenslab.training import trainer
+    from lenslab.training import objective
     from lenslab.training.errors import TrainingDiverged
 
-    real = trainer.readout_logits
+    real = objective.readout_logits
     calls = {"n": 0}
 
     def poisoned(model, tokens):  # the 13th training step (epoch 3 at 6 steps/epoch) produces NaN
@@ -243,7 +243,7 @@ def test_diverging_loss_stops_with_epoch_named(tmp_path, monkeypatch):
                 out = out * float("nan")
         return out
 
-    monkeypatch.setattr(trainer, "readout_logits", poisoned)
+    monkeypatch.setattr(objective, "readout_logits", poisoned)
     with pytest.raises(TrainingDiverged, match="diverged at epoch 3"):
         train(tiny_config(epochs=6, eval_every=1), tmp_path, progress=False)
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "diverged"
