@@ -11,7 +11,16 @@ from lenslab.interp.spectral.command import format_traps_table, traps_command
 from lenslab.interp.spectral.errors import SpectralError
 from lenslab.interp.spectral.figures import esd_figure, trap_count_figure
 from lenslab.interp.spectral.htsr import AlphaFit, alpha_table, esd, fit_power_law, htsr_alpha
-from lenslab.interp.spectral.jsd import JSDRow, js_divergence, null_component, random_probes, replacement, trap_jsd
+from lenslab.interp.spectral.jsd import (
+    JSDRow,
+    default_probes,
+    gaussian_probes,
+    js_divergence,
+    null_component,
+    random_probes,
+    replacement,
+    trap_jsd,
+)
 from lenslab.interp.spectral.mp import mp_density, mp_edges, tw_center_scale
 from lenslab.interp.spectral.paths import CheckpointScan, TrapScan, scan_path
 from lenslab.interp.spectral.run import trap_counts_over_run
@@ -34,6 +43,7 @@ __all__ = [
     "TrapRow",
     "TrapScan",
     "alpha_table",
+    "default_probes",
     "detect_traps",
     "esd",
     "esd_figure",
@@ -41,6 +51,7 @@ __all__ = [
     "fit_power_law",
     "format_traps_table",
     "from_2d",
+    "gaussian_probes",
     "htsr_alpha",
     "js_divergence",
     "make_generator",

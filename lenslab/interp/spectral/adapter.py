@@ -10,6 +10,10 @@ TransformerLens layout (the paper's matrices), per layer, heads concatenated by 
     blocks.L.mlp.W_in    [d_model, d_mlp];  blocks.L.mlp.W_out [d_mlp, d_model]
     unembed.W_U          [d_model, d_vocab_out]
 
+Lenslab's ``HookedMLP`` (``training.mlp``), already ``[d_in, d_out]`` (``x @ W + b``), in layer order:
+
+    layers.i.W           [d_in, d_out]   (``layers.i.b``, 1-D, is listed as skipped)
+
 ``per_head=True`` gives one matrix per head instead (``blocks.L.attn.W_Q.h3``). ``W_pos`` is
 excluded unless ``include_pos``. A matrix with min(N, M) < 2 is skipped: a 1×M matrix has a single
 eigenvalue, so there is no bulk to fit an MP law to.
@@ -33,6 +37,7 @@ HEAD_OUT = "h d m -> (h d) m"
 TL_ATTN = {"W_Q": HEAD_IN, "W_K": HEAD_IN, "W_V": HEAD_IN, "W_O": HEAD_OUT}
 _TL_KEY = re.compile(r"^(embed\.W_E|pos_embed\.W_pos|unembed\.W_U|blocks\.(\d+)\.(attn\.(W_Q|W_K|W_V|W_O)|mlp\.(W_in|W_out)))$")
 _ORDER = {"W_Q": 0, "W_K": 1, "W_V": 2, "W_O": 3, "W_in": 4, "W_out": 5}
+_MLP_KEY = re.compile(r"^layers\.(\d+)\.(W|b)$")  # HookedMLP: layers.i.W [d_in, d_out], layers.i.b [d_out]
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,16 @@ def is_tl_state(shapes: dict[str, tuple]) -> bool:
     return "embed.W_E" in shapes and any(k.startswith("blocks.") for k in shapes)
 
 
+def is_mlp_state(shapes: dict[str, tuple]) -> bool:
+    """Every key is a ``HookedMLP`` weight or bias (``layers.i.W`` / ``layers.i.b``)."""
+    return bool(shapes) and all(_MLP_KEY.match(k) for k in shapes)
+
+
+def _mlp_sort_key(key: str) -> tuple[int, int]:
+    m = _MLP_KEY.match(key)
+    return int(m.group(1)), 0 if m.group(2) == "W" else 1  # layer order (layers.10 after layers.9), W before b
+
+
 def plan_matrices(
     shapes: dict[str, tuple[int, ...]],
     per_head: bool = False,
@@ -78,13 +93,15 @@ def plan_matrices(
 ) -> tuple[list[MatrixRef], list[Skipped]]:
     """Decide, from tensor shapes alone, which matrices to analyse (and why others are skipped).
 
-    TransformerLens keys follow the layout above; any other floating 2-D tensor is taken as is;
+    TransformerLens keys follow the layout above; ``HookedMLP`` keys come in layer order; any other
+    floating 2-D tensor is taken as is;
     other tensors with ≥ 3 dims are skipped with a reason; 1-D tensors (biases, norm scales) are
     listed as skipped too.
     """
     refs, skipped = [], []
     tl = is_tl_state(shapes)
-    for key in sorted(shapes, key=_sort_key) if tl else list(shapes):
+    keys = sorted(shapes, key=_sort_key) if tl else sorted(shapes, key=_mlp_sort_key) if is_mlp_state(shapes) else list(shapes)
+    for key in keys:
         shape = tuple(shapes[key])
         m = _TL_KEY.match(key) if tl else None
         if m is None and tl and (key.endswith(("mask", "IGNORE")) or ".hook_" in key):
@@ -148,15 +165,18 @@ def from_2d(mat: Float[Tensor, "n m"], ref: MatrixRef, param: Tensor) -> Tensor:
 
 
 def state_dict_of(source) -> dict[str, Tensor]:
-    """A state dict from a HookedTransformer / nn.Module / dict / run dir / checkpoint path.
+    """A state dict from a HookedTransformer / HookedMLP / nn.Module / dict / run dir / checkpoint path.
 
-    For a plain nn.Module only ``Linear`` weights are used (keys ``<module>.weight``).
+    For a ``HookedMLP`` (any TransformerLens ``HookedRootModule`` but a HookedTransformer) its
+    parameters by name; for a plain nn.Module only ``Linear`` weights are used (keys ``<module>.weight``).
     A run directory gives its last checkpoint.
     """
-    from transformer_lens import HookedTransformer
+    from transformer_lens import HookedRootModule, HookedTransformer
 
     if isinstance(source, HookedTransformer):
         return {k: v.detach() for k, v in source.state_dict().items()}
+    if isinstance(source, HookedRootModule):  # HookedMLP: layers.i.W [d_in, d_out], layers.i.b
+        return {k: v.detach() for k, v in source.named_parameters()}
     if isinstance(source, nn.Module):
         return {f"{n}.weight": m.weight.detach() for n, m in source.named_modules() if isinstance(m, nn.Linear)}
     if isinstance(source, dict):
@@ -177,7 +197,7 @@ def state_dict_of(source) -> dict[str, Tensor]:
         except RunError as e:
             raise SpectralError(str(e)) from None
     raise SpectralError(
-        f"cannot read weights from a {type(source).__name__}; pass a HookedTransformer, nn.Module, state dict or path"
+        f"cannot read weights from a {type(source).__name__}; pass a HookedTransformer, HookedMLP, nn.Module, state dict or path"
     )
 
 

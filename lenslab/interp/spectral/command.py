@@ -82,5 +82,9 @@ def format_traps_table(result: dict | TrapScan) -> str:
         for j in ck.get("jsd", []):
             flag = "HARMFUL" if j["harmful"] else "benign"
             acc = "" if j.get("accuracy_change") is None else f" acc change {j['accuracy_change']:+.4f}"
-            lines.append(f"   jsd {j['matrix']} trap {j['trap']}: J={j['jsd']:.3g} (null p95 {j['null_p95']:.3g}) {flag}{acc}")
+            on = f" on {j['probe']} probes" if j.get("probe") == "gaussian" else ""
+            test = "" if j.get("jsd_split") is None else f"; J on test split {j['jsd_split']:.3g}"
+            lines.append(
+                f"   jsd {j['matrix']} trap {j['trap']}: J={j['jsd']:.3g}{on} (null p95 {j['null_p95']:.3g}) {flag}{test}{acc}"
+            )
     return "\n".join(lines)

@@ -5,14 +5,23 @@ through the inverse permutation, the ablated matrix is
 
     W' = W − C + ε,   ε_ij ~ N(mean(C), std(C)²) i.i.d. (seeded),
 
-written into a *copy* of the model. On probes x (seeded uniform random token sequences, or tokens
-you pass), at the readout (last) position,
+written into a *copy* of the model. On probes x,
 
     J_k = mean_x JS( softmax(z(x)/T) ‖ softmax(z'(x)/T) ),   JS(P‖Q) = ½KL(P‖M) + ½KL(Q‖M), M = (P+Q)/2,
 
-in nats (so 0 ≤ JS ≤ ln 2). Null: the same recipe with C_rand replaced by s·u'v'ᵀ for random unit
-u', v' (same s, same permutation), ``n_null`` times; a trap is *harmful* when J_k exceeds the null's
-95th percentile.
+in nats (so 0 ≤ JS ≤ ln 2). The probes and the logits z depend on the model:
+
+- ``HookedTransformer``: seeded uniform random token sequences of length n_ctx (or tokens you
+  pass); z = the logits at the readout (last) position.
+- ``HookedMLP`` (paper 2's MNIST MLP): Gaussian inputs x ~ N(0, I) of shape [n, d_in], drawn in
+  float64 from ``torch.Generator().manual_seed(seed)`` and cast to the model's dtype (or inputs
+  you pass); z = the model's outputs (there is no position).
+
+Null: the same recipe with C_rand replaced by s·u'v'ᵀ for random unit u', v' (same s, same
+permutation), ``n_null`` times; a trap is *harmful* when J_k exceeds the null's 95th percentile.
+
+With a labelled ``split`` (test tokens, or an MLP's test inputs ``pixels / 255``) each row also
+holds J_k on the split's inputs (``jsd_split``), the ablated model's accuracy there and its change.
 """
 
 from __future__ import annotations
@@ -30,6 +39,9 @@ from transformer_lens import HookedTransformer
 from lenslab.interp.spectral.adapter import extract_matrices, from_2d
 from lenslab.interp.spectral.shuffle import make_generator
 from lenslab.interp.spectral.traps import TrapComponent, detect_traps
+from lenslab.training.mlp import HookedMLP
+
+Model = HookedTransformer | HookedMLP
 
 
 def js_divergence(
@@ -46,6 +58,17 @@ def js_divergence(
 def random_probes(model: HookedTransformer, n: int = 256, seed: int = 0) -> Int[Tensor, "n pos"]:
     """``n`` token sequences of length n_ctx, uniform over the vocabulary (seeded)."""
     return torch.randint(0, model.cfg.d_vocab, (n, model.cfg.n_ctx), generator=make_generator(seed))
+
+
+def gaussian_probes(model: HookedMLP, n: int = 256, seed: int = 0) -> Float[Tensor, "n d_in"]:
+    """``n`` inputs x ~ N(0, I) of the MLP's width d_in: drawn in float64 from ``make_generator(seed)``, in the model's dtype."""
+    x = torch.randn(n, model.cfg["d_in"], generator=make_generator(seed), dtype=torch.float64)
+    return x.to(model.dtype)
+
+
+def default_probes(model: Model, n: int = 256, seed: int = 0) -> Int[Tensor, "n pos"] | Float[Tensor, "n d_in"]:
+    """The ablation's probes for ``model``: Gaussian inputs for a ``HookedMLP``, random tokens otherwise."""
+    return gaussian_probes(model, n, seed) if isinstance(model, HookedMLP) else random_probes(model, n, seed)
 
 
 def replacement(w: Float[Tensor, "n m"], comp: TrapComponent, generator: torch.Generator) -> Float[Tensor, "n m"]:
@@ -73,39 +96,49 @@ class JSDRow:
     harmful: bool
     accuracy: float | None = None
     accuracy_change: float | None = None
+    probe: str = "tokens"  # what J_k was measured on: "tokens" (random), "gaussian" (MLP inputs N(0, I)) or "given"
+    jsd_split: float | None = None  # J_k on the split's inputs (test tokens / test images), when a split is given
 
     def to_record(self) -> dict:
         return asdict(self)
 
 
-def _logits(model, tokens, batch: int = 4096):
+def _logits(model: Model, inputs: Tensor, batch: int = 4096) -> Float[Tensor, "n k"]:
+    """Readout-position logits of a transformer; a ``HookedMLP``'s outputs (inputs cast to its dtype)."""
     with torch.no_grad():
-        return torch.cat([model(tokens[i : i + batch])[:, -1] for i in range(0, len(tokens), batch)])
+        if isinstance(model, HookedMLP):
+            inputs = inputs.to(model.dtype)
+            return torch.cat([model(inputs[i : i + batch]) for i in range(0, len(inputs), batch)])
+        return torch.cat([model(inputs[i : i + batch])[:, -1] for i in range(0, len(inputs), batch)])
 
 
 def trap_jsd(
-    model: HookedTransformer,
+    model: Model,
     mode: str = "robust",
     seed: int = 0,
     n_probes: int = 256,
     n_null: int = 20,
-    probes: Int[Tensor, "n pos"] | None = None,
+    probes: Int[Tensor, "n pos"] | Float[Tensor, "n d_in"] | None = None,
     split: tuple[Tensor, Tensor] | None = None,
     temperature: float = 1.0,
     matrices: list[str] | None = None,
 ) -> list[JSDRow]:
     """J_k for every trap of every matrix (optionally only ``matrices``); see the module docstring.
 
-    ``split = (tokens, labels)`` adds the accuracy at the readout position and its change.
+    ``probes``: default ``default_probes(model, n_probes, seed)`` (random tokens; Gaussian inputs
+    for a ``HookedMLP``). ``split = (inputs, labels)`` (tokens, or an MLP's float inputs) adds J_k on
+    those inputs, the accuracy (argmax of the logits) and its change.
     """
     work = copy.deepcopy(model).eval()
     params = dict(work.named_parameters())
     mats = extract_matrices(work)
-    probes = random_probes(work, n_probes, seed) if probes is None else probes
+    probe_kind = "given" if probes is not None else "gaussian" if isinstance(work, HookedMLP) else "tokens"
+    probes = default_probes(work, n_probes, seed) if probes is None else probes
     base = _logits(work, probes)
-    base_acc = None
+    base_acc = base_split = None
     if split is not None:
-        base_acc = float((_logits(work, split[0]).argmax(-1) == split[1]).double().mean())
+        base_split = _logits(work, split[0])
+        base_acc = float((base_split.argmax(-1) == split[1]).double().mean())
     gen = make_generator(seed + 1)
     rows = []
     for ref in mats.refs:
@@ -118,18 +151,22 @@ def trap_jsd(
         param = params[ref.key]
         original = param.detach().clone()
 
-        def score(new_w, param=param, ref=ref, original=original):
+        def score(new_w, param=param, ref=ref, original=original, with_split=True):
             with torch.no_grad():
                 param.copy_(from_2d(new_w, ref, original))
             j = float(js_divergence(base, _logits(work, probes), temperature).mean())
-            acc = float((_logits(work, split[0]).argmax(-1) == split[1]).double().mean()) if split is not None else None
+            acc = j_split = None
+            if split is not None and with_split:
+                z = _logits(work, split[0])
+                acc = float((z.argmax(-1) == split[1]).double().mean())
+                j_split = float(js_divergence(base_split, z, temperature).mean())
             with torch.no_grad():
                 param.copy_(original)
-            return j, acc
+            return j, acc, j_split
 
         for k, comp in enumerate(comps):
-            j, acc = score(replacement(w, comp, gen))
-            null = [score(replacement(w, null_component(comp, gen), gen))[0] for _ in range(n_null)]
+            j, acc, j_split = score(replacement(w, comp, gen))
+            null = [score(replacement(w, null_component(comp, gen), gen), with_split=False)[0] for _ in range(n_null)]
             p95 = float(np.percentile(null, 95)) if null else math.nan
             rows.append(
                 JSDRow(
@@ -142,6 +179,8 @@ def trap_jsd(
                     harmful=bool(j > p95),
                     accuracy=acc,
                     accuracy_change=None if acc is None else acc - base_acc,
+                    probe=probe_kind,
+                    jsd_split=j_split,
                 )
             )
     return rows

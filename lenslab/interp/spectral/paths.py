@@ -19,7 +19,7 @@ from lenslab.interp.common import Table
 from lenslab.interp.spectral.errors import SpectralError
 from lenslab.interp.spectral.scan import ScanOptions, scan_with, shard_files
 
-JSD_PROBES = 256  # random-token probes per J_k
+JSD_PROBES = 256  # probes per J_k: random token sequences, or Gaussian inputs N(0, I) for an MLP
 JSD_NULL = 20  # random rank-1 replacements for the null distribution
 
 
@@ -119,20 +119,28 @@ def resolve(path: str | Path) -> tuple[str, list[tuple[int | None, Path]], Path 
     raise SpectralError(f"{path}: expected a run directory, a checkpoint, a .safetensors file or a folder of shards")
 
 
+def _jsd_split(run, model) -> tuple | None:
+    """The run's labelled split for the ablation's accuracy column: the test split (``adv`` for MPSP runs
+    without one); an MNIST MLP's test images as its inputs, ``pixels / 255`` in the model's dtype. None without splits."""
+    try:
+        splits = run.splits
+    except Exception:  # noqa: BLE001
+        return None  # no splits file: J_k only
+    if "test_images" in splits:
+        from lenslab.tasks.mnist import pixels_to_inputs
+
+        return pixels_to_inputs(splits["test_images"], model.dtype), splits["test_labels"]
+    name = "test" if "test_tokens" in splits else ("adv" if "adv_tokens" in splits else None)
+    return (splits[f"{name}_tokens"], splits[f"{name}_labels"]) if name else None
+
+
 def _jsd_rows(run_dir: Path, epoch: int | None, mode: str, seed: int) -> list[dict]:
     from lenslab.interp.spectral.jsd import trap_jsd
     from lenslab.training.run import Run
 
     run = Run.open(run_dir)
     model = run.model(epoch)
-    split = None
-    try:
-        splits = run.splits
-        name = "test" if "test_tokens" in splits else ("adv" if "adv_tokens" in splits else None)
-        if name:
-            split = (splits[f"{name}_tokens"], splits[f"{name}_labels"])
-    except Exception:  # noqa: BLE001
-        split = None  # no splits file: J_k only
+    split = _jsd_split(run, model)
     return [r.to_record() for r in trap_jsd(model, mode=mode, seed=seed, split=split, n_probes=JSD_PROBES, n_null=JSD_NULL)]
 
 
@@ -150,7 +158,8 @@ def scan_path(
     """Trap rows, with each matrix's HTSR α columns, for every checkpoint (or the one file / shard folder) at ``path``.
 
     For shards all files form one checkpoint entry. ``jsd=True`` (run dirs and checkpoints only)
-    adds trap-replacement J_k rows. ``epochs`` (run directories only) keeps just those checkpoints.
+    adds trap-replacement J_k rows (``jsd.trap_jsd``: random-token probes for a transformer, Gaussian
+    inputs for an MNIST MLP; J_k and the accuracy change on the test split too where the run has one). ``epochs`` (run directories only) keeps just those checkpoints.
     Every option is checked (``ScanOptions``) before ``path`` is read.
     """
     options = ScanOptions(mode, seed, n_shuffles, workers, executor)
