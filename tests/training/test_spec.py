@@ -149,7 +149,9 @@ def test_a_config_file_gets_the_loader_errors(tmp_path):
 
 
 def test_the_cli_flags_are_the_spec_fields():
-    flags = {p.flag for cls in (MPSPSpec, ModAddSpec, MNISTSpec, ModelSpec, MLPSpec, TrainSpec) for p in params(cls).values() if p.flag}
+    flags = {
+        p.flag for cls in (MPSPSpec, ModAddSpec, MNISTSpec, ModelSpec, MLPSpec, TrainSpec) for p in params(cls).values() if p.flag
+    }
     assert set(FLAG_PLACES) | {"epochs"} == flags | {"task"}
     cfg = config_from_flags({"task": "modadd", "p": 7, "batch_size": 0, "betas": (0.8, 0.9)})
     assert cfg["train"]["batch_size"] is None and cfg["train"]["betas"] == [0.8, 0.9] and cfg["task"]["p"] == 7
