@@ -47,6 +47,8 @@ evaluation than the fall onset, "with" if at the same one, "after" otherwise.
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 from pathlib import Path
 
@@ -57,3 +59,159 @@ GROK_ACC = 0.80
 ANTI_DROP = 0.10
 ANTI_RUN = 3
 FALL_DROP = 0.03
+SPREAD_SEEDS = (0, 1, 2, 3, 4)
+MATRICES = ("layers.0.W", "layers.1.W", "layers.2.W")
+
+
+def scan(run_dir: Path, seed: int = 0, epochs=None) -> dict[int, dict]:
+    """``{epoch: {matrix: (n_traps, alpha)}}`` over the run's checkpoints (robust mode, one shuffle)."""
+    from lenslab.interp.spectral import traps_command
+
+    res = traps_command(str(run_dir), mode="robust", seed=seed, n_shuffles=1, jsd=False, workers=1, progress=False, epochs=epochs)
+    return {c["epoch"]: {x["name"]: (x["n_traps"], x["alpha"]) for x in c["matrices"]} for c in res["checkpoints"]}
+
+
+def arm_table(run_dir: Path) -> tuple[list[dict], dict]:
+    """One row per checkpointed evaluation (metrics, phase, traps and alpha per matrix) and the arm's summary."""
+    from lenslab.training.outcomes import mnist_phases
+    from lenslab.training.run import Run
+
+    run = Run.open(run_dir)
+    rows = run.metrics
+    ph = mnist_phases(rows)
+    traps = scan(run_dir)
+    table = []
+    for r, phase in zip(rows, ph["phase"]):
+        if r["epoch"] not in traps:
+            continue
+        t = traps[r["epoch"]]
+        row = {
+            "step": r["step"],
+            "epoch": r["epoch"],
+            "phase": phase,
+            "train_acc": r["train_acc"],
+            "test_acc": r["test_acc"],
+            "train_loss": r["train_loss"],
+            "test_loss": r["test_loss"],
+            "weight_norm": r["weight_norm"],
+            "grad_norm": r["grad_norm"],
+            "traps_total": sum(n or 0 for n, _ in t.values()),
+        }
+        alphas = [a for _, a in t.values() if a is not None and not math.isnan(a)]
+        row["alpha_min"] = min(alphas) if alphas else None
+        for name in MATRICES:
+            n, a = t.get(name, (None, None))
+            row[f"traps:{name}"] = n
+            row[f"alpha:{name}"] = a
+        table.append(row)
+    with_trap = [i for i, r in enumerate(table) if r["traps_total"] > 0]
+    first_trap = table[with_trap[0]]["step"] if with_trap else None
+    persistent = None
+    for i in range(len(table) - 1, -1, -1):
+        if table[i]["traps_total"] == 0:
+            break
+        persistent = table[i]["step"]
+    first_a2 = next((r["step"] for r in table if r["alpha_min"] is not None and r["alpha_min"] < 2), None)
+    summary = {k: v for k, v in ph.items() if k != "phase"}
+    summary.update(
+        first_trap_step=first_trap,
+        persistent_trap_step=persistent,
+        first_alpha_below_2_step=first_a2,
+        traps_final={name: table[-1][f"traps:{name}"] for name in MATRICES} if table else None,
+        alpha_final={name: table[-1][f"alpha:{name}"] for name in MATRICES} if table else None,
+        max_traps={name: max((r[f"traps:{name}"] or 0) for r in table) for name in MATRICES} if table else None,
+        traps_by_phase={
+            p: {name: max((r[f"traps:{name}"] or 0) for r in table if r["phase"] == p) for name in MATRICES}
+            for p in dict.fromkeys(r["phase"] for r in table)
+        },
+        trap_vs_fall=compare(first_trap, ph["fall_onset_step"]),
+    )
+    # the spread over shuffle seeds at the checkpoints the comparison turns on
+    by_step = {r["step"]: r["epoch"] for r in table}
+    keys = {"first_trap": first_trap, "peak": ph["peak_step"], "fall_onset": ph["fall_onset_step"], "last": table[-1]["step"]}
+    keys = {k: v for k, v in keys.items() if v in by_step}
+    want = sorted({by_step[v] for v in keys.values()})
+    spread = {s: scan(run_dir, seed=s, epochs=want) for s in SPREAD_SEEDS}
+    summary["shuffle_spread"] = {
+        k: {
+            "step": v,
+            **{name: [spread[s][by_step[v]].get(name, (None, None))[0] for s in SPREAD_SEEDS] for name in MATRICES},
+        }
+        for k, v in keys.items()
+    }
+    return table, summary
+
+
+def compare(first_trap: int | None, fall: int | None) -> str:
+    if first_trap is None:
+        return "no trap" + ("" if fall is not None else ", no fall")
+    if fall is None:
+        return "traps, but no fall"
+    return "before" if first_trap < fall else "with" if first_trap == fall else "after"
+
+
+def report(root: Path, out: Path) -> None:
+    import csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    summaries, tables = {}, {}
+    for d in sorted(p for p in root.iterdir() if (p / "config.json").is_file()):
+        table, summary = arm_table(d)
+        tables[d.name], summaries[d.name] = table, summary
+        with open(out / f"{d.name}.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(table[0]), lineterminator="\n")
+            w.writeheader()
+            w.writerows(table)
+    (out / "summary.json").write_text(json.dumps(summaries, indent=1) + "\n")
+    from reproduction.figures import write_figure
+
+    write_figure(figure(tables), out / "mnist_antigrok.html")
+    print(json.dumps(summaries, indent=1))
+
+
+def figure(tables: dict[str, list[dict]]):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    panels = [
+        ("acc", "accuracy (solid test, dotted train)"),
+        ("traps", "correlation traps per matrix"),
+        ("alpha_min", "smallest HTSR alpha (dashed: 2)"),
+        ("weight_norm", "weight norm"),
+    ]
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in panels], vertical_spacing=0.12)
+    palette = {"wd0-s0": "#d62728", "wd0.01-s0": "#1f77b4", "wd0-s1": "#ff9896", "wd0.01-s1": "#aec7e8"}
+    dashes = {"layers.0.W": "solid", "layers.1.W": "dash", "layers.2.W": "dot"}
+    for name, table in tables.items():
+        rows = [r for r in table if r["step"] > 0]
+        x = [r["step"] for r in rows]
+        color = palette.get(name, "#7f7f7f")
+
+        def line(dash: str = "solid", color: str = color) -> dict:
+            return {"color": color, "dash": dash}
+
+        fig.add_trace(go.Scatter(x=x, y=[r["test_acc"] for r in rows], name=f"{name} test", line=line()), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=[r["train_acc"] for r in rows], name=f"{name} train", line=line("dot")), row=1, col=1)
+        for m, dash in dashes.items():
+            fig.add_trace(go.Scatter(x=x, y=[r[f"traps:{m}"] for r in rows], name=f"{name} {m}", line=line(dash)), row=1, col=2)
+        fig.add_trace(go.Scatter(x=x, y=[r["alpha_min"] for r in rows], name=f"{name} min alpha", line=line()), row=2, col=1)
+        fig.add_trace(go.Scatter(x=x, y=[r["weight_norm"] for r in rows], name=f"{name} norm", line=line()), row=2, col=2)
+    fig.update_xaxes(type="log", title_text="step (batch 200)")
+    fig.add_hline(y=2, line_dash="dash", line_color="grey", row=2, col=1)
+    fig.update_layout(
+        template="plotly_white",
+        height=900,
+        title="MLP 784-200-200-10 on 1k MNIST digits, float64, MSE, init x8: weight decay 0 (red) vs 0.01 (blue)",
+    )
+    return fig
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["report"])
+    ap.add_argument("root", type=Path)
+    ap.add_argument("out", type=Path)
+    a = ap.parse_args()
+    report(a.root, a.out)
