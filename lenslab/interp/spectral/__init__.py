@@ -8,6 +8,7 @@ and HTSR α, the power-law exponent of each matrix's own ESD (``htsr``, as Weigh
 
 from lenslab.interp.spectral.adapter import MatrixRef, MatrixSet, Skipped, extract_matrices, from_2d, plan_matrices, to_2d
 from lenslab.interp.spectral.command import format_traps_table, traps_command
+from lenslab.interp.spectral.controls import norm_matched_gaussian, norm_trap_correlation, rescale_control
 from lenslab.interp.spectral.errors import SpectralError
 from lenslab.interp.spectral.figures import esd_figure, trap_count_figure
 from lenslab.interp.spectral.htsr import AlphaFit, alpha_table, esd, fit_power_law, htsr_alpha
@@ -21,6 +22,7 @@ from lenslab.interp.spectral.jsd import (
     replacement,
     trap_jsd,
 )
+from lenslab.interp.spectral.localization import TrapPixelMaps, trap_image_figure, trap_pixel_maps
 from lenslab.interp.spectral.mp import mp_density, mp_edges, tw_center_scale
 from lenslab.interp.spectral.paths import CheckpointScan, TrapScan, scan_path
 from lenslab.interp.spectral.run import trap_counts_over_run
@@ -40,6 +42,7 @@ __all__ = [
     "Skipped",
     "SpectralError",
     "TrapComponent",
+    "TrapPixelMaps",
     "TrapRow",
     "TrapScan",
     "alpha_table",
@@ -57,11 +60,14 @@ __all__ = [
     "make_generator",
     "mp_density",
     "mp_edges",
+    "norm_matched_gaussian",
+    "norm_trap_correlation",
     "null_component",
     "plan_matrices",
     "random_permutation",
     "random_probes",
     "replacement",
+    "rescale_control",
     "robust_fit",
     "scan_files",
     "scan_path",
@@ -71,7 +77,9 @@ __all__ = [
     "to_records",
     "trap_count_figure",
     "trap_counts_over_run",
+    "trap_image_figure",
     "trap_jsd",
+    "trap_pixel_maps",
     "traps_command",
     "tw_center_scale",
     "unshuffle",
