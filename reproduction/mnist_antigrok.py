@@ -11,6 +11,7 @@ The runs (each on one thread; the two arms shared the 2 cores; started 2026-12-0
 and the analysis (reads the runs, writes tables and figures; safe to run while they train):
 
     .venv/bin/python reproduction/mnist_antigrok.py report ~/lenslab-runs/mnist reproduction/results/mnist
+    .venv/bin/python reproduction/mnist_antigrok.py controls ~/lenslab-runs/mnist/wd0-s1 reproduction/results/mnist
 
 Protocol (the predecessor's appendix, as issue 23 lists it): 784-200-200-10 ReLU; ``nn.Linear``'s
 init with every parameter times 8; 1,000 train images (100 per class, data seed 0) from the
@@ -40,6 +41,16 @@ checkpoint with >= 1 trap in any matrix; persistent onset: the first checkpoint 
 later checkpoint has >= 1. The spread over shuffle seeds 0-4 is reported at the checkpoints that
 the comparison turns on (the first trap, the peak, the fall onset, the last). HTSR alpha: each
 matrix's, WeightWatcher 0.7.7's rules; min alpha over the three; first step with min alpha < 2.
+
+Controls (``controls``; fixed 2026-12-06 before any control result was looked at): at the last
+pre-grok checkpoint, the grok step, the peak, the anti-grok step (if any) and the last checkpoint,
+(1) each matrix times 0.5, 1 and 2 and a Gaussian matrix of its shape and Frobenius norm (seed 0):
+trap count and alpha; (2) the |x|^2 test: Gaussian N(0, I) probes and mixed test images, 256 each,
+seed 0, times 0.125 ... 8: agreement with the unscaled prediction, the most predicted class's share;
+(3) layers.0.W's traps as 28x28 pixel maps (effective pixels, top-5 % pixel mass); (4) the JSD
+trap-replacement ablation (Gaussian probes, test images beside them; 20 null replacements). And per
+arm, Spearman's rho between the weight norm and the total trap count over the checkpoints from the
+fit step on.
 
 The comparison: trap onset vs fall onset. "Before" if the first trap is at an earlier
 evaluation than the fall onset, "with" if at the same one, "after" otherwise.
@@ -150,10 +161,32 @@ def compare(first_trap: int | None, fall: int | None) -> str:
     return "before" if first_trap < fall else "with" if first_trap == fall else "after"
 
 
-def report(root: Path, out: Path) -> None:
+def read_table(path: Path) -> list[dict]:
+    """An arm's committed CSV back as rows of numbers (None for empty cells): arms whose run folder is gone."""
     import csv
 
+    def num(v: str):
+        if v == "":
+            return None
+        try:
+            f = float(v)
+        except ValueError:
+            return v
+        return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
+
+    with open(path, newline="") as f:
+        return [{k: num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def report(root: Path, out: Path) -> None:
+    """Tables and summaries of every run under ``root``; arms already in ``out`` whose runs are not under
+    ``root`` (an earlier machine's) keep their committed CSV and summary, marked ``"from": "committed table"``."""
+    import csv
+
+    from lenslab.interp.spectral import norm_trap_correlation
+
     out.mkdir(parents=True, exist_ok=True)
+    old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
     summaries, tables = {}, {}
     for d in sorted(p for p in root.iterdir() if (p / "config.json").is_file()):
         table, summary = arm_table(d)
@@ -162,11 +195,84 @@ def report(root: Path, out: Path) -> None:
             w = csv.DictWriter(f, fieldnames=list(table[0]), lineterminator="\n")
             w.writeheader()
             w.writerows(table)
+    for name, summary in old.items():
+        if name not in summaries and (out / f"{name}.csv").is_file():
+            tables[name] = read_table(out / f"{name}.csv")
+            summaries[name] = {**summary, "from": "committed table (its run folder is not on this machine)"}
+    for name, table in tables.items():  # is the trap count a proxy for the norm? (after the fit, where both move)
+        fit = summaries[name].get("fit_step")
+        rows = [r for r in table if fit is None or r["step"] >= fit]
+        summaries[name]["norm_trap_spearman"] = norm_trap_correlation(rows, "weight_norm", "traps_total")
+    summaries = dict(sorted(summaries.items()))
+    tables = dict(sorted(tables.items()))
     (out / "summary.json").write_text(json.dumps(summaries, indent=1) + "\n")
     from reproduction.figures import write_figure
 
     write_figure(figure(tables), out / "mnist_antigrok.html")
     print(json.dumps(summaries, indent=1))
+
+
+CONTROL_SCALES = (0.5, 1.0, 2.0)
+NORM_SCALES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+def control_checkpoints(table: list[dict], summary: dict) -> dict[str, int]:
+    """The checkpoints the controls run on, by role (steps), fixed before the controls were looked at: the last
+    pre-grok checkpoint, the grok step, the peak, the anti-grok step (if any), and the last checkpoint."""
+    pre = [r["step"] for r in table if r["phase"] == "pre-grok"]
+    roles = {
+        "pre-grok": pre[-1] if pre else None,
+        "grok": summary.get("grok_step"),
+        "peak": summary.get("peak_step"),
+        "anti-grok": summary.get("anti_grok_step"),
+        "last": table[-1]["step"],
+    }
+    return {k: v for k, v in roles.items() if v is not None}
+
+
+def controls(run_dir: Path, out: Path) -> dict:
+    """The perturbation control, the norm-matched Gaussian, trap pixel maps of layers.0.W, the |x|^2 test and the
+    JSD ablation at ``control_checkpoints``; writes ``controls-<arm>.json`` and ``trap_images-<arm>.html``."""
+    from lenslab.interp.norm_response import norm_response, standard_probes
+    from lenslab.interp.spectral import rescale_control, trap_image_figure, trap_jsd, trap_pixel_maps
+    from lenslab.interp.spectral.paths import _jsd_split
+    from lenslab.training.run import Run
+    from reproduction.figures import write_figure
+
+    table, summary = arm_table(run_dir)
+    run = Run.open(run_dir)
+    epoch_of = {r["step"]: r["epoch"] for r in table}
+    result = {"run": run_dir.name, "checkpoints": {}}
+    figs = []
+    done = {}  # step -> role first computed there (roles may share a checkpoint)
+    for role, step in control_checkpoints(table, summary).items():
+        if step in done:
+            result["checkpoints"][role] = {"same_as": done[step], "step": step}
+            continue
+        done[step] = role
+        model = run.model(epoch_of[step])
+        test_x, test_y = _jsd_split(run, model)
+        maps = trap_pixel_maps(model, "layers.0.W")
+        result["checkpoints"][role] = {
+            "step": step,
+            "epoch": epoch_of[step],
+            "test_acc": next(r["test_acc"] for r in table if r["step"] == step),
+            "rescale": rescale_control(model, CONTROL_SCALES).to_records(),
+            "norm_response": norm_response(model, standard_probes(model, test_x, test_y, 256, 0), NORM_SCALES).to_records(),
+            "pixel_maps": maps.rows.to_records(),
+            "jsd": [r.to_record() for r in trap_jsd(model, split=(test_x, test_y))],
+        }
+        figs.append((role, step, maps))
+        print(f"{run_dir.name}: {role} (step {step}) done", file=sys.stderr)
+    (out / f"controls-{run_dir.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    with_maps = [(role, step, m) for role, step, m in figs if len(m.rows)]
+    if with_maps:
+        role, step, m = with_maps[-1]
+        write_figure(
+            trap_image_figure(m, title=f"{run_dir.name}, {role} (step {step}): traps of layers.0.W as pixel maps"),
+            out / f"trap_images-{run_dir.name}.html",
+        )
+    return result
 
 
 def figure(tables: dict[str, list[dict]]):
@@ -210,8 +316,11 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["report"])
-    ap.add_argument("root", type=Path)
+    ap.add_argument("what", choices=["report", "controls"])
+    ap.add_argument("root", type=Path, help="report: the folder of runs; controls: one run")
     ap.add_argument("out", type=Path)
     a = ap.parse_args()
-    report(a.root, a.out)
+    if a.what == "report":
+        report(a.root, a.out)
+    else:
+        controls(a.root, a.out)
