@@ -19,9 +19,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def cmd_inspect(a: argparse.Namespace) -> dict:
     from lenslab.report import write_inspection
+    from lenslab.training.run import Run
 
+    run = Run.open(a.run_dir)  # a bad path fails here, before any progress line
     _log(f"inspecting {a.run_dir} (ablation, cross-split patching, fingerprints, evolution)")
-    result, path = write_inspection(a.run_dir)
+    result, path = write_inspection(run)
     if not a.json:
         print(f"report: {path}")
         phase = result.get("phase") or {}
@@ -46,6 +48,15 @@ def cmd_traps(a: argparse.Namespace) -> dict:
     )
     if not a.json:
         print(format_traps_table(result))
+    bad = [c for c in result["checkpoints"] if c.get("error")]
+    if bad:  # the rows that could be read are out; then one line naming the bad files, and exit 2
+        if a.json:
+            print(json.dumps(result, indent=2, default=str))
+        first = bad[0]
+        more = f" (and {len(bad) - 1} more; see their 'error' fields)" if len(bad) > 1 else ""
+        raise UserError(
+            f"{len(bad)} of {len(result['checkpoints'])} checkpoints could not be read: {first['checkpoint']}: {first['error']}{more}"
+        )
     return result
 
 
