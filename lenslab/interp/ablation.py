@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer, utils
+from transformer_lens import HookedTransformer
+from transformer_lens import utilities as utils  # "utils" is deprecated (removed in TL 4)
 
 from lenslab.interp.common import InterpError, Table, check_index, check_tokens, head_label, label_vs_shortcut_diff
 

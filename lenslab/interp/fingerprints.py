@@ -41,7 +41,8 @@ import torch
 from jaxtyping import Float, Int
 from scipy.stats import spearmanr
 from torch import Tensor
-from transformer_lens import FactoredMatrix, HookedTransformer, utils
+from transformer_lens import FactoredMatrix, HookedTransformer
+from transformer_lens import utilities as utils  # "utils" is deprecated (removed in TL 4)
 
 from lenslab.interp.common import InterpError, Table, check_index, check_tokens, head_label
 

@@ -55,7 +55,8 @@ import einops
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer, utils
+from transformer_lens import HookedTransformer
+from transformer_lens import utilities as utils  # "utils" is deprecated (removed in TL 4)
 
 from lenslab.interp.common import InterpError, Table, check_tokens, gather_class, subsample
 

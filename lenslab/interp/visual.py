@@ -17,7 +17,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 from torch import Tensor
-from transformer_lens import HookedTransformer, utils
+from transformer_lens import HookedTransformer
+from transformer_lens import utilities as utils  # "utils" is deprecated (removed in TL 4)
 
 from lenslab.interp.common import check_index, check_tokens, head_label
 from lenslab.interp.patching import PatchGrid

@@ -1,7 +1,7 @@
 import pytest
 import torch
 from interp_handmade import N_VALUES, fingerprint_model, random_tokens
-from transformer_lens import utils
+from transformer_lens import utilities as utils
 
 from lenslab.interp.common import InterpError
 from lenslab.interp.fingerprints import activation_fingerprints, head_fingerprint, qk_circuit, weight_fingerprints
