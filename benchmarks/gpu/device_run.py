@@ -6,8 +6,9 @@
 Parts, in this order, each given a slice of the budget and guarded by estimates from rates it measures:
 
 a. correctness: the stacked ensemble vs ``HookedTransformer`` (readout logits and one step's gradients),
-   both against a float64 ``HookedTransformer``, in fp32, TF32 and bf16-autocast. fp32 or TF32 outside
-   tolerance stops the script (exit 3).
+   both against a float64 ``HookedTransformer``, in fp32, TF32 and bf16-autocast. fp32 outside tolerance
+   stops the script (exit 3); TF32 and bf16 pass within HT_RATIO x HookedTransformer's own error at that
+   precision, and a miss is recorded, not a stop. A failed deterministic-mode smoke test skips c and d.
 b. speed: seed-epochs/s of the paper's 2L model at E in SPEED_E, fp32 / TF32 / bf16-autocast, eager vs
    CUDA graphs (forward + backward captured) vs ``torch.compile``, each checked against a float64 copy of
    the stack, as a fraction of the chip's peak; the fastest passing setting is named, and where the time
@@ -25,7 +26,8 @@ e. HTSR alpha speed (issue 15's >= 10x target, out of reach on a 2-core CPU: ben
 
 Files in OUT (at most 8): run.json (everything measured, updated after each part), log.txt, paper1_results.csv,
 paper1_results.json, paper1_results.html, paper2.json, paper2.html, paper2_runs.tar.
-Exit codes: 0 done; 1 a part failed (the others still ran); 2 bad input (one line); 3 part a disagreed.
+Exit codes: 0 done; 1 a part failed or was skipped for a failed check (the others still ran); 2 bad input
+(one line); 3 part a disagreed in fp32; 130 the hard time limit's SIGINT (run.json saved, later parts not run).
 """
 
 from __future__ import annotations
@@ -91,7 +93,10 @@ PEAK_SOURCE = "NVIDIA H200 datasheet, dense (sparsity figures halved); same comp
 # except bf16's gradients: HookedTransformer itself under bf16 autocast is ~1e-1 off on the LayerNorm
 # weights' gradients (measured on the CPU: 9e-2), so its bound is 3e-1.
 TOL = {"fp32": {"logits": 1e-5, "grads": 1e-4}, "tf32": {"logits": 1e-2, "grads": 3e-2}, "bf16": {"logits": 5e-2, "grads": 3e-1}}
-STOP_ON = ("fp32", "tf32")  # part a stops the script when these disagree
+STOP_ON = ("fp32",)  # part a stops the script only when fp32 disagrees (issue 24: tf32's margin was 1.5-2x, not 10x)
+# TF32 and bf16 in part a: the stacked engine passes when its error is at most HT_RATIO times HookedTransformer's own
+# error at that precision (same float64 reference), or within fp32's bound; the result is recorded and the run goes on.
+HT_RATIO = 2.0
 TARGET_SEED_EPOCHS_S = 2000.0
 BUDGET_S = 540.0  # 9 minutes for the whole command; the device allows 10 per command
 PART_MIN_S = {"a": 20.0, "b": 45.0, "c": 90.0, "d": 60.0, "e": 15.0}  # below this a part cannot say anything useful
@@ -132,7 +137,7 @@ TINY = {  # --tiny: a CPU dry run of every code path in seconds (tests/gpu)
     "alpha_layers": 1,
     "alpha_shapes": {"attn.c_attn": (32, 96), "attn.c_proj": (32, 32), "mlp.c_fc": (32, 128), "mlp.c_proj": (128, 32)},
 }
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DISAGREE = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DISAGREE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 class BadInput(Exception):
@@ -377,9 +382,14 @@ def compare(out, ref) -> dict:
     }
 
 
-def passes(err: dict, prec: str) -> bool:
-    t = TOL[prec]
-    return err["logits"] <= t["logits"] and err["grads"] <= t["grads"]
+def passes(err: dict, prec: str, ht_err: dict | None = None) -> bool:
+    """Within ``TOL[prec]``; or, for a reduced precision with ``ht_err`` (HookedTransformer's own error at that
+    precision), within ``HT_RATIO`` times it or within fp32's bound. NaN never passes."""
+    keys = ("logits", "grads")
+    if prec == "fp32" or ht_err is None:
+        t = TOL[prec]
+        return all(err[k] <= t[k] for k in keys)
+    return all(err[k] <= max(HT_RATIO * ht_err[k], TOL["fp32"][k]) for k in keys)
 
 
 def ht_outputs(models, tokens, labels):
@@ -455,6 +465,8 @@ def part_a(ctx: Ctx, allow_s: float | None = None) -> dict:
         "model": {k: mk[k] for k in ("n_layers", "n_heads", "d_model", "d_mlp", "n_ctx")},
         "reference": "float64 HookedTransformer, same weights and batch",
         "tolerance": TOL,
+        "tolerance_rule": f"fp32: TOL; tf32/bf16: <= {HT_RATIO:g}x HookedTransformer's own error, or within fp32's TOL",
+        "stop_on": list(STOP_ON),
         "settings": {},
     }
     if ctx.device.type == "cpu":
@@ -463,7 +475,7 @@ def part_a(ctx: Ctx, allow_s: float | None = None) -> dict:
         with precision(prec, ctx.device):
             e_stack = compare(stack_outputs(ens, ens, tokens, labels), ref)
             e_ht = compare(ht_outputs(models, tokens, labels), ref)
-        ok = passes(e_stack, prec)
+        ok = passes(e_stack, prec, e_ht)
         result["settings"][prec] = {"stacked": e_stack, "hooked_transformer": e_ht, "pass": ok}
         ctx.out.log(
             f"a: {prec:5s} stacked logits {e_stack['logits']:.1e} grads {e_stack['grads']:.1e} ({e_stack['grads_worst_param']}); "
@@ -1347,6 +1359,8 @@ def main(argv: list[str] | None = None, clock=time.monotonic) -> int:
         return EXIT_BAD_INPUT
     import torch
 
+    from lenslab.training.writer import Interrupted  # what the trainers raise on SIGINT after saving
+
     out = Out(folder, clock)
     work = Path(args.work) if args.work else Path("/tmp/lenslab-gpu/work")
     work.mkdir(parents=True, exist_ok=True)
@@ -1376,6 +1390,13 @@ def main(argv: list[str] | None = None, clock=time.monotonic) -> int:
     out.save()
     code = EXIT_OK
     for p in parts:
+        det = (out.doc["parts"].get("a") or {}).get("deterministic_mode", "ok")
+        if p in ("c", "d") and det != "ok":  # they train under torch.use_deterministic_algorithms
+            out.doc["parts"][p] = {"skipped": f"part a's deterministic-mode smoke test failed: {det}"}
+            out.log(f"{p}: skipped ({out.doc['parts'][p]['skipped']})")
+            out.save()
+            code = EXIT_FAILED
+            continue
         allow = allowance(p, parts, plan, budget)
         if allow < PART_MIN_S[p]:
             out.doc["parts"][p] = {"skipped": f"budget: {allow:.0f} s left for it, needs at least {PART_MIN_S[p]:.0f} s"}
@@ -1386,6 +1407,11 @@ def main(argv: list[str] | None = None, clock=time.monotonic) -> int:
         t = time.perf_counter()
         try:
             res = RUNNERS[p](ctx, allow)
+        except (KeyboardInterrupt, Interrupted) as e:  # the hard limit (SIGINT): save what there is and stop
+            out.doc["parts"][p] = {"interrupted": f"{type(e).__name__}: {e}", "wall_s": round(time.perf_counter() - t, 1)}
+            out.log(f"{p}: INTERRUPTED (hard time limit): saved; no later part runs")
+            code = EXIT_INTERRUPTED
+            break
         except Exception as e:  # noqa: BLE001 - record it, go on with the next part
             res = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             out.log(f"{p}: FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -1412,6 +1438,8 @@ def closing_table(doc: dict) -> str:
     for p, r in doc["parts"].items():
         if isinstance(r.get("skipped"), str) and p != "d":
             lines.append(f"  {p}: skipped: {r['skipped']}")
+        elif "interrupted" in r:
+            lines.append(f"  {p}: INTERRUPTED: {r['interrupted']}")
         elif "error" in r:
             lines.append(f"  {p}: FAILED: {r['error'].splitlines()[0]}")
         elif p == "a":
