@@ -413,7 +413,7 @@ def test_a_tf32_miss_is_recorded_and_the_run_goes_on(tmp_path, capsys, monkeypat
 
     monkeypatch.setattr(dr, "passes", strict)
     out = tmp_path / "out"
-    code, err = _main([out, "--part", "a,b", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
+    code, _err = _main([out, "--part", "a,b", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
     doc = json.loads((out / "run.json").read_text())
     a = doc["parts"]["a"]
     assert a["settings"]["fp32"]["pass"] and not a["settings"]["tf32"]["pass"] and not a["settings"]["bf16"]["pass"]
@@ -423,7 +423,7 @@ def test_a_tf32_miss_is_recorded_and_the_run_goes_on(tmp_path, capsys, monkeypat
 def test_a_failed_deterministic_smoke_test_skips_c_and_d(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(dr, "deterministic_smoke", lambda *a: "FAILED: no deterministic kernel for index_add_")
     out = tmp_path / "out"
-    code, err = _main([out, "--part", "a,c,d", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
+    code, _err = _main([out, "--part", "a,c,d", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
     doc = json.loads((out / "run.json").read_text())
     for p in ("c", "d"):
         assert "deterministic-mode smoke test failed" in doc["parts"][p]["skipped"]
@@ -436,7 +436,7 @@ def test_the_hard_limit_interrupt_saves_and_stops(tmp_path, capsys, monkeypatch)
 
     monkeypatch.setitem(dr.RUNNERS, "b", interrupted)
     out = tmp_path / "out"
-    code, err = _main([out, "--part", "a,b,e", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
+    code, _err = _main([out, "--part", "a,b,e", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
     doc = json.loads((out / "run.json").read_text())
     assert code == dr.EXIT_INTERRUPTED == doc["exit_code"]
     assert "interrupted" in doc["parts"]["b"] and "e" not in doc["parts"] and doc["parts"]["a"]["pass"]
