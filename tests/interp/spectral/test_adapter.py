@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import einops
+import pytest
 import torch
 from spectral_helpers import P
 
@@ -68,3 +69,36 @@ def test_linear_module_and_write_back(modadd_kwargs):
     wo = model.blocks[0].attn.W_O.detach()
     ref = next(r for r in ms.refs if r.name == "blocks.0.attn.W_O")
     assert torch.equal(from_2d(einops.rearrange(wo, "h d m -> (h d) m"), ref, wo), wo)
+
+
+def test_a_plain_linear_state_dict_is_read_as_a_bridge_model_would_hand_it_over():
+    """TL 4's TransformerBridge keeps weights in fused nn.Linear layers: their state dict is all the spectral tools need."""
+    from lenslab.interp.spectral import detect_traps, htsr_alpha
+
+    g = torch.Generator().manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)).double()
+    with torch.no_grad():
+        w = net[0].weight  # [256, 128]
+        w.copy_(torch.randn(w.shape, generator=g, dtype=torch.float64))
+        w[5, 7], w[100, 3] = 40.0, 30.0  # two planted entries: two traps
+    ms = extract_matrices(net.state_dict())
+    assert list(ms.matrices) == ["0.weight", "2.weight"] and {s.name for s in ms.skipped} == {"0.bias", "2.bias"}
+    assert torch.equal(ms.matrices["0.weight"], net[0].weight.detach())
+    assert detect_traps(ms.matrices["0.weight"], "0.weight").n_traps == 2
+    assert htsr_alpha(ms.matrices["2.weight"]).alpha == htsr_alpha(net[2].weight.detach()).alpha
+
+
+def test_transformer_lens_bridge_native_model_state_dict():
+    """What TL 4 changes, checked on TL 3.9's own bridge (offline: ``boot_native`` builds from a config): the weights
+    are fused 2-D ``nn.Linear`` matrices (``attn.q.weight`` holds every head), exposed as 3-D ``W_Q`` properties;
+    ``extract_matrices`` reads the state dict as is."""
+    bridge_mod = pytest.importorskip("transformer_lens.model_bridge")
+    cfg = {"n_layers": 1, "d_model": 64, "n_ctx": 8, "d_head": 16, "n_heads": 4, "d_mlp": 128, "d_vocab": 20, "act_fn": "relu"}
+    bridge = bridge_mod.TransformerBridge.boot_native({**cfg, "seed": 0})
+    ms = extract_matrices(bridge.state_dict())
+    q = ms.matrices["blocks.0.attn.q.weight"]
+    assert tuple(q.shape) == (64, 64) and tuple(ms.matrices["blocks.0.mlp.in.weight"].shape) == (128, 64)
+    w_q = bridge.blocks[0].attn.W_Q.detach()  # [n_heads, d_model, d_head]
+    assert tuple(w_q.shape) == (4, 64, 16)
+    torch.testing.assert_close(w_q, q.reshape(4, 16, 64).transpose(1, 2), rtol=0, atol=0)
+    assert "pos_embed.weight" in ms.matrices  # a plain state dict has no TL names: W_pos is not excluded by name here
