@@ -553,8 +553,15 @@ def time_steps(
     return {"s_per_step": (clock() - t) / n, "steps_timed": n}
 
 
-def maybe_compile(module, device, compile_fn=None):
-    """(callable, note): ``torch.compile(module)`` on CUDA; on the CPU, or if compiling fails, the module itself."""
+COMPILE_FAILED = "torch.compile failed"
+
+
+def maybe_compile(module, device, compile_fn=None, probe=None):
+    """(callable, note): ``torch.compile(module)`` on CUDA; on the CPU, or if compiling fails, the module itself.
+
+    Compilation is lazy (inductor and Triton errors surface at the first call), so ``probe(fn)``, e.g. one
+    forward and backward, runs inside the same guard: a failure there is a compile failure too.
+    """
     if device.type != "cuda":
         return module, "torch.compile skipped: not on CUDA (eager instead)"
     import torch
@@ -563,9 +570,12 @@ def maybe_compile(module, device, compile_fn=None):
         if compile_fn is None:
             torch._dynamo.reset()  # compile from scratch: its time is part of the result
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        return (compile_fn or torch.compile)(module, dynamic=False), "torch.compile (inductor)"
+        fn = (compile_fn or torch.compile)(module, dynamic=False)
+        if probe is not None:
+            probe(fn)
+        return fn, "torch.compile (inductor)"
     except Exception as e:  # noqa: BLE001 - any compiler failure means: measure eager instead
-        return module, f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:160]}); eager instead"
+        return module, f"{COMPILE_FAILED} ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}); eager instead"
 
 
 class GraphStep:
@@ -664,9 +674,9 @@ class SpeedItem:
 
 
 def speed_items(sizes, tiny: bool) -> list[SpeedItem]:
-    """Eager at every (E, precision), then CUDA graphs, then torch.compile (costly: compiled last, fewest)."""
-    items = [SpeedItem(E, p, "eager") for E in sizes for p in PRECISIONS]
-    items += [SpeedItem(E, p, "graph") for E in sizes for p in PRECISIONS]
+    """E-major: eager then CUDA graphs at each E (one stack build per E), then torch.compile (costly: compiled
+    last, fewest; the largest E first, which is the stack the eager/graph items left built)."""
+    items = [SpeedItem(E, p, m) for E in sizes for m in ("eager", "graph") for p in PRECISIONS]
     # compile: the largest E first (where compute matters), fastest precisions first; the budget cuts the tail
     items += [SpeedItem(E, p, "compile") for E in sorted(sizes, reverse=True) for p in reversed(PRECISIONS)]
     return items
@@ -715,6 +725,8 @@ def measure_item(
         ref = stack_outputs(ref64, ref64, ct, cl)
         del ref64
         sync(dev)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()  # the float64 copy's blocks go back before a graph capture takes its own pool
         cache.update(
             E=item.E,
             ens=ens,
@@ -754,16 +766,21 @@ def measure_item(
             opt.step(gs.run(bt, torch.gather(labels, 1, idx))[1])
     else:
         if item.mode == "compile":
-            fwd, note = maybe_compile(ens, dev)
+
+            def probe(fn):  # one forward + backward: where a lazy compile really happens (and fails)
+                with precision(item.prec, dev):
+                    stack_outputs(fn, ens, ct, cl)
+                sync(dev)
+
+            t = time.perf_counter()
+            fwd, note = maybe_compile(ens, dev, probe=probe)
             if fwd is ens:
                 return note
-        row["note"] = "torch.compile (inductor)" if item.mode == "compile" else "eager"
-        t = time.perf_counter()
-        with precision(item.prec, dev):
-            err = compare(stack_outputs(fwd, ens, ct, cl), cache["ref"])  # compiles here, in compile mode
-        sync(dev)
-        if item.mode == "compile":
             row["compile_s"] = time.perf_counter() - t
+        row["note"] = "torch.compile (inductor)" if item.mode == "compile" else "eager"
+        with precision(item.prec, dev):
+            err = compare(stack_outputs(fwd, ens, ct, cl), cache["ref"])
+        sync(dev)
         engine = _Engine(fwd, ens)
 
         def step():
@@ -804,10 +821,18 @@ def part_b(ctx: Ctx, allow_s: float) -> dict:
     if result["measured_matmul_tflops"]:
         ctx.out.log("b: 8192^3 matmul TFLOP/s " + ", ".join(f"{k} {v:.0f}" for k, v in result["measured_matmul_tflops"].items()))
     compile_s = None
+    compile_broken = None  # after the first real compile failure, no more compile items
+    oom: dict[int, str] = {}  # an E that ran out of memory once is not tried again
     cache: dict = {}
     for item in speed_items(sizes, ctx.tiny):
         if item.mode != "eager" and (item.prec, "eager") not in ctx.passed:
             result["not_run"].append({**item.__dict__, "why": f"{item.prec} failed part a"})
+            continue
+        if item.E in oom:
+            result["not_run"].append({**item.__dict__, "why": f"out of memory at E={item.E} earlier ({oom[item.E]})"})
+            continue
+        if item.mode == "compile" and compile_broken:
+            result["not_run"].append({**item.__dict__, "why": f"an earlier compile failed: {compile_broken}"})
             continue
         est = estimate_item_s(item, result["rows"], compile_s)
         if not budget.fits(est):
@@ -818,6 +843,8 @@ def part_b(ctx: Ctx, allow_s: float) -> dict:
         try:
             why = measure_item(ctx, item, row, cache, mk, B, n, steps_per_epoch, result["measured_matmul_tflops"])
             if why is not None:
+                if why.startswith(COMPILE_FAILED):
+                    compile_broken = why
                 result["not_run"].append({**item.__dict__, "why": why})
                 continue
             if item.mode == "compile":
@@ -825,6 +852,13 @@ def part_b(ctx: Ctx, allow_s: float) -> dict:
         except Exception as e:  # noqa: BLE001 - one setting failing (e.g. out of memory) must not end the part
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             ctx.out.log(f"b: E={item.E} {item.prec} {item.mode}: {row['error']}")
+            if is_oom(e):
+                oom[item.E] = row["error"]
+                cache.clear()  # drop this E's stack and reference
+                if ctx.device.type == "cuda":
+                    import torch
+
+                    torch.cuda.empty_cache()
         row["wall_s"] = round(time.perf_counter() - t_item, 2)
         result["rows"].append(row)
         ctx.out.doc["parts"]["b"] = result
@@ -841,6 +875,11 @@ def part_b(ctx: Ctx, allow_s: float) -> dict:
             f"(target {TARGET_SEED_EPOCHS_S:.0f}: {'met' if result['meets_target'] else 'not met'})"
         )
     return result
+
+
+def is_oom(e: BaseException) -> bool:
+    """CUDA's OutOfMemoryError (a RuntimeError subclass), a plain MemoryError, or an allocator message saying so."""
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
 
 
 class _Engine:

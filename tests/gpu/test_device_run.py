@@ -3,9 +3,11 @@ lines, and every part end to end at --tiny sizes (the device runs the same code 
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -86,10 +88,14 @@ def test_estimate_item_s_grows_with_E_and_compile():
 
 def test_speed_items_order():
     items = dr.speed_items((64, 256, 1024), False)
-    modes = [i.mode for i in items]
-    assert modes == sorted(modes, key=["eager", "graph", "compile"].index)  # cheap first, compile last
+    assert len(items) == 27 and {i.mode for i in items[-9:]} == {"compile"}  # compile last
+    for E in (64, 256, 1024):  # at each E, eager before graph
+        modes = [i.mode for i in items[:18] if i.E == E]
+        assert modes == ["eager"] * 3 + ["graph"] * 3
     assert (items[-9].E, items[-9].prec) == (1024, "bf16")  # the first compile: largest E, fastest precision
-    assert len(items) == 27
+    # a stack is built when E changes: 3 builds for eager+graph, the first compile reuses E = 1024, 2 more after
+    builds = 1 + sum(a.E != b.E for a, b in itertools.pairwise(items))
+    assert builds == 5  # 8 when each mode looped over every E in turn
 
 
 def test_fit_rate_recovers_step_and_eval_cost():
@@ -120,6 +126,47 @@ def test_compile_falls_back_cleanly():
     assert fwd is module and "torch.compile failed (RuntimeError: inductor: no C++ compiler)" in note
     fwd, note = dr.maybe_compile(module, fake_cuda, compile_fn=lambda m, **kw: ("compiled", m))
     assert fwd == ("compiled", module)
+
+
+def test_a_compile_that_fails_on_its_first_call_falls_back_too():
+    """Inductor compiles lazily: the wrapped function is returned fine and raises when first called."""
+    module = torch.nn.Linear(2, 2)
+    fake_cuda = SimpleNamespace(type="cuda")
+
+    def lazy(m, **kw):
+        def fn(x):
+            raise RuntimeError("triton: ptxas failed\ndetails")
+
+        return fn
+
+    fwd, note = dr.maybe_compile(module, fake_cuda, compile_fn=lazy, probe=lambda fn: fn(torch.zeros(1, 2)))
+    assert fwd is module and note.startswith(dr.COMPILE_FAILED) and "ptxas failed" in note
+    calls = []
+    fwd, note = dr.maybe_compile(module, fake_cuda, compile_fn=lambda m, **kw: m, probe=calls.append)
+    assert fwd is module and calls == [module] and note == "torch.compile (inductor)"
+
+
+def test_part_b_skips_an_e_after_it_ran_out_of_memory(tmp_path, monkeypatch):
+    real = dr.measure_item
+    seen = []
+
+    def oom_at_2(ctx, item, *a, **kw):
+        seen.append((item.E, item.prec, item.mode))
+        if item.E == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(ctx, item, *a, **kw)
+
+    monkeypatch.setattr(dr, "measure_item", oom_at_2)
+    (tmp_path / "out").mkdir()
+    clock = time.monotonic
+    ctx = dr.Ctx(dr.Out(tmp_path / "out", clock), dr.Budget(600.0, clock), CPU, tmp_path / "work", tiny=True, clock=clock)
+    ctx.passed.update({(p, "eager") for p in dr.PRECISIONS})
+    res = dr.part_b(ctx, 300.0)
+    assert [s for s in seen if s[0] == 2] == [(2, "fp32", "eager")]  # tried once at E = 2, then skipped
+    skipped = [n for n in res["not_run"] if n["E"] == 2]
+    assert skipped and all("out of memory at E=2" in n["why"] for n in skipped)
+    assert [r["E"] for r in res["rows"] if "error" in r] == [2]
+    assert any(r["E"] == 4 and r.get("pass") for r in res["rows"])  # the next E still runs
 
 
 def test_cuda_graph_path_declines_off_cuda():
