@@ -85,6 +85,7 @@ MODES = ("eager", "graph", "compile")
 # matmul in each precision and reports the fraction of that.
 PEAK_TFLOPS = {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5}
 PEAK_SOURCE = "NVIDIA H200 datasheet, dense (sparsity figures halved); same compute as H100 SXM"
+PEAK_DEVICES = ("H100", "H200")  # the device names PEAK_TFLOPS holds for (environment() warns otherwise)
 # Relative error vs a float64 reference (norm of the difference / norm of the reference), logits and
 # gradients (every parameter; a parameter whose reference gradient is tiny, e.g. the key biases, is
 # measured against 1e-3 of the whole gradient's norm). fp32 rounding is ~6e-8 per operation, TF32's 10-bit
@@ -329,6 +330,8 @@ def environment(device) -> dict:
             sm_count=p.multi_processor_count,
             capability=f"{p.major}.{p.minor}",
         )
+        if not any(k in p.name for k in PEAK_DEVICES):
+            env["peak_warning"] = f"{p.name!r} is none of {PEAK_DEVICES}: fraction_of_peak uses the H200/H100 SXM figures"
     return env
 
 
@@ -593,15 +596,15 @@ class GraphStep:
         params = list(ens.params)
         E = tokens.shape[0]
 
-        def fwd_bwd():
+        def fwd_bwd():  # backward inside the precision too: TF32 is a flag read when each matmul launches
             with precision(prec, device):
                 logits = ens(self.tokens)
-            loss = (
-                F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), self.labels.reshape(-1), reduction="none")
-                .view(E, -1)
-                .mean(1)
-            )
-            return (logits.detach(),) + tuple(torch.autograd.grad(loss.sum(), params))
+                loss = (
+                    F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), self.labels.reshape(-1), reduction="none")
+                    .view(E, -1)
+                    .mean(1)
+                )
+                return (logits.detach(),) + tuple(torch.autograd.grad(loss.sum(), params))
 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -642,27 +645,35 @@ def build_stack(mk: dict, E: int, device):
     return StackedTransformer(models[0], stacked).to(device), models[0]
 
 
-def matmul_tflops(device, clock=time.perf_counter) -> dict:
+def matmul_tflops(device) -> dict:
     """A large matmul in each precision: the ceilings this chip reaches through torch (CUDA only)."""
     import torch
 
     if device.type != "cuda":
         return {}
     out = {}
-    n = 8192
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    n, reps = 8192, 20
+    a32, b32 = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     for prec in PRECISIONS:
-        with precision(prec, device):
-            for _ in range(2):
+        # bf16 on bf16 tensors: autocast on fp32 inputs would time two casts per matmul as well
+        a, b = (a32.bfloat16(), b32.bfloat16()) if prec == "bf16" else (a32, b32)
+        mm, old = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
+        mm.allow_tf32 = prec == "tf32"
+        try:
+            for _ in range(3):
                 a @ b
-            sync(device)
-            t = clock()
-            reps = 5
-            for _ in range(reps):
+            times = []
+            for _ in range(reps):  # the median of CUDA-event timings, one matmul each
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
                 a @ b
-            sync(device)
-        out[prec] = 2 * n**3 * reps / (clock() - t) / 1e12
-    del a, b
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+        finally:
+            mm.allow_tf32 = old
+        out[prec] = 2 * n**3 / sorted(times)[len(times) // 2] / 1e12
+    del a32, b32
     return out
 
 
@@ -1306,6 +1317,10 @@ def part_e(ctx: Ctx, allow_s: float) -> dict:
     def alpha(name, w):
         return htsr_alpha(w, name, min_tail=2)
 
+    # warm-up: the first eigensolver call on a device pays its library's start-up (cuSOLVER's handle, kernels), which
+    # the one-block estimate below must not scale up by the number of blocks
+    alpha("warm-up", mats[0][1].to(ctx.device))
+    sync(ctx.device)
     # one block first: an estimate of each side, so that the part fits its allowance
     block = len(shapes)
     est = {}
@@ -1422,6 +1437,8 @@ def main(argv: list[str] | None = None, clock=time.monotonic) -> int:
             "SPEED_E": SPEED_E,
         },
     )
+    if out.doc["environment"].get("peak_warning"):
+        out.log("warning: " + out.doc["environment"]["peak_warning"])
     out.log(
         f"parts {','.join(parts)} on {device} ({out.doc['environment'].get('gpu', 'cpu')}), torch {torch.__version__}; "
         f"budget {budget.remaining():.0f} s: " + ", ".join(f"{p} ~{s:.0f} s" for p, s in plan.items())

@@ -487,3 +487,16 @@ def test_the_hard_limit_interrupt_saves_and_stops(tmp_path, capsys, monkeypatch)
     doc = json.loads((out / "run.json").read_text())
     assert code == dr.EXIT_INTERRUPTED == doc["exit_code"]
     assert "interrupted" in doc["parts"]["b"] and "e" not in doc["parts"] and doc["parts"]["a"]["pass"]
+
+
+def test_environment_warns_when_the_device_has_no_peak_entry(monkeypatch):
+    fake_cuda = SimpleNamespace(type="cuda")
+
+    def props(name):
+        return lambda d: SimpleNamespace(name=name, total_memory=80 * 2**30, multi_processor_count=108, major=8, minor=0)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props("NVIDIA A100-SXM4-80GB"))
+    env = dr.environment(fake_cuda)
+    assert env["gpu"] == "NVIDIA A100-SXM4-80GB" and "A100" in env["peak_warning"]
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props("NVIDIA H200"))
+    assert "peak_warning" not in dr.environment(fake_cuda)
