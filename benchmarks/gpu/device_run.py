@@ -584,7 +584,8 @@ def maybe_compile(module, device, compile_fn=None, probe=None):
 class GraphStep:
     """Forward + backward of a stack captured once as a CUDA graph; each step copies a new batch in and replays.
 
-    The optimizer step stays eager (StackedAdamW builds its per-member scalars on the host each step).
+    The optimizer step stays eager; on CUDA StackedAdamW is device-resident (no host copy or sync per step), so the
+    host queues it behind the replay.
     ``GraphStep.make`` returns None with a reason off CUDA or when capture fails.
     """
 
