@@ -112,10 +112,12 @@ def test_traps_on_a_run_with_a_pickled_checkpoint_reports_it_and_unpickles_nothi
     import json
 
     rc = main(["traps", str(root / "run-ckpt"), "--json", "--no-progress", "--workers", "1"])
-    doc = json.loads(capsys.readouterr().out)
-    assert rc == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert rc == 2  # the rows it could read are printed, then one line names the bad checkpoint (issue 27)
     bad = [c for c in doc["checkpoints"] if c["checkpoint"].endswith("2.safetensors")]
     assert bad and bad[0]["error"] and not marker.exists()
+    assert err.strip().splitlines()[-1].startswith("lenslab: error: 1 of ") and "2.safetensors" in err
 
 
 @pytest.mark.parametrize("name", ["zip.pt", "raw.pkl", "raw-renamed.safetensors", "zip-renamed.safetensors"])
