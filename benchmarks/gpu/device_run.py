@@ -1183,13 +1183,14 @@ def part_d(ctx: Ctx, allow_s: float) -> dict:
     result["train_s"] = time.perf_counter() - t
     result["steps_per_s"] = steps * serial / result["train_s"]
     ctx.out.log(f"d: trained in {result['train_s']:.0f} s ({result['steps_per_s']:.0f} steps/s)")
+
+    def save_paper2():  # after training, then after each member's traps: a cut part d still returns its runs' numbers
+        (ctx.out.folder / "paper2.json").write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
+
     members = []
-    for i, (wd, out) in enumerate(zip(wds, outs)):
+    for wd, out in zip(wds, outs):
         run = Run.open(out)
         ckpts = run.epochs()
-        left = budget.remaining() - pack_reserve
-        k = max(2, min(len(ckpts), int(left / max(trap_s * (len(wds) - i), 1e-3))))  # first and last at least
-        traps = traps_over_run(out, k, trap_workers)
         members.append(
             {
                 "weight_decay": wd,
@@ -1197,15 +1198,21 @@ def part_d(ctx: Ctx, allow_s: float) -> dict:
                 "metrics": run.metrics,
                 "checkpoints": ckpts,
                 "checkpoint_dtype": _checkpoint_dtype(out, ckpts),
-                "traps": traps,
+                "traps": None,  # filled in below; None in paper2.json means the traps were not reached
             }
         )
-        final = run.metrics[-1] if run.metrics else {}
-        ctx.out.log(
-            f"d: wd={wd:g}: final train acc {final.get('train_acc')}, test acc {final.get('test_acc')}; traps at {len({r['epoch'] for r in traps})} checkpoints"
-        )
     result["members"] = members
-    (ctx.out.folder / "paper2.json").write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
+    save_paper2()
+    for i, (member, out) in enumerate(zip(members, outs)):
+        left = budget.remaining() - pack_reserve
+        k = max(2, min(len(member["checkpoints"]), int(left / max(trap_s * (len(wds) - i), 1e-3))))  # first and last at least
+        member["traps"] = traps = traps_over_run(out, k, trap_workers)
+        save_paper2()
+        final = member["metrics"][-1] if member["metrics"] else {}
+        ctx.out.log(
+            f"d: wd={member['weight_decay']:g}: final train acc {final.get('train_acc')}, test acc {final.get('test_acc')}; "
+            f"traps at {len({r['epoch'] for r in traps})} checkpoints"
+        )
     try:
         write_paper2_figure(members, ctx.out.folder / "paper2.html")
     except Exception as e:  # noqa: BLE001 - a figure must not cost the numbers

@@ -500,3 +500,26 @@ def test_environment_warns_when_the_device_has_no_peak_entry(monkeypatch):
     assert env["gpu"] == "NVIDIA A100-SXM4-80GB" and "A100" in env["peak_warning"]
     monkeypatch.setattr(torch.cuda, "get_device_properties", props("NVIDIA H200"))
     assert "peak_warning" not in dr.environment(fake_cuda)
+
+
+def test_part_d_cut_during_its_traps_still_returns_the_trained_runs(tmp_path, capsys, monkeypatch):
+    try:
+        dr.check_paper2_interface(tiny=True)
+    except dr.BadInput as e:
+        pytest.skip(f"this lenslab lacks the paper-2 settings: {e}")
+    real, calls = dr.traps_over_run, []
+
+    def cut_on_the_second_member(run_dir, k, workers):
+        calls.append(run_dir)
+        if len(calls) == 3:  # calibration's scan, the first member's, then the hard limit arrives
+            raise KeyboardInterrupt
+        return real(run_dir, k, workers)
+
+    monkeypatch.setattr(dr, "traps_over_run", cut_on_the_second_member)
+    out = tmp_path / "out"
+    code, err = _main([out, "--part", "d", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
+    assert code == dr.EXIT_INTERRUPTED, err
+    d = json.loads((out / "paper2.json").read_text())
+    assert [bool(m["metrics"]) for m in d["members"]] == [True, True]  # both trained runs' numbers came back
+    assert d["members"][0]["traps"] and d["members"][1]["traps"] is None  # the second member's traps were cut
+    assert "interrupted" in json.loads((out / "run.json").read_text())["parts"]["d"]
