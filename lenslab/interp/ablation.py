@@ -187,18 +187,25 @@ def run_ablated(
 def evaluate_ablations(
     model: HookedTransformer,
     ablations: list[Ablation],
-    splits: dict[str, tuple[Tensor, Tensor, Tensor]],
+    splits,  # {name: (tokens, labels, shortcut)} (e.g. run.eval_splits()), or a Run for all of its splits
     reference_tokens: Int[Tensor, "ref pos"] | None = None,
     seed: int = 0,
     max_rows: int = 16_384,
 ) -> Table:
     """One row per ablation (plus ``"none"``): accuracy and mean logit difference per split.
 
-    ``splits`` maps a name to ``(tokens, labels, shortcut)``. The logit difference is
+    ``splits`` maps a name to ``(tokens, labels, shortcut)`` (``Run.split(name)`` is one); a ``Run`` means
+    ``run.eval_splits()``, with its train split as ``reference_tokens`` unless given. The logit difference is
     ``label_vs_shortcut_diff`` (true-label minus shortcut logit; the margin over the best other
     class where label == shortcut). Columns: ``target, kind, layer, head, pos, mode`` and for
     each split ``acc_<split>``, ``logit_diff_<split>``, ``delta_acc_<split>`` (vs unablated).
     """
+    from lenslab.training.run import Run
+
+    if isinstance(splits, Run):  # its splits, and its train split as the reference (mean / resample ablations)
+        run, splits = splits, splits.eval_splits()
+        if reference_tokens is None and "train" in run.split_names():
+            reference_tokens = run.split("train").tokens
     n_pos = next(iter(splits.values()))[0].shape[1] if splits else model.cfg.n_ctx
     for ab in ablations:
         check_ablation(model, ab, n_pos)

@@ -79,9 +79,34 @@ class Table(list):
         return Table(r for r in self if all(r.get(k) == v for k, v in match.items()))
 
     def to_pandas(self):
+        """A DataFrame; integer columns with missing values (``layer``/``head`` of the "none" row) stay
+        integers (pandas' nullable ``Int64``), not floats with NaN."""
         import pandas as pd
 
-        return pd.DataFrame(self.to_records())
+        records = self.to_records()
+        df = pd.DataFrame(records)
+        for col in df.columns:
+            vals = [r.get(col) for r in records]
+            present = [v for v in vals if v is not None]
+            if present and len(present) < len(vals) and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+                df[col] = pd.array(vals, dtype="Int64")
+        return df
+
+    def __repr__(self) -> str:
+        cols = list(dict.fromkeys(k for r in self for k in r))
+        return f"Table({len(self)} rows; columns {cols})"
+
+    def _repr_html_(self) -> str:
+        """The rows as an HTML table in a notebook (pandas' where installed), with the row count."""
+        try:
+            return self.to_pandas()._repr_html_() + f"<p>{len(self)} rows</p>"
+        except ImportError:
+            import html
+
+            cols = list(dict.fromkeys(k for r in self for k in r))
+            head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
+            body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in self)
+            return f"<table><tr>{head}</tr>{body}</table><p>{len(self)} rows</p>"
 
 
 def subsample(n: int, max_n: int | None, seed: int = 0) -> Int[Tensor, " m"]:

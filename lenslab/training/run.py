@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from transformer_lens import HookedTransformer
@@ -50,9 +51,25 @@ def task_from_config(task_cfg: dict) -> MPSPTask | ModAddTask | MNISTTask:
     raise RunError(f"config.json: unknown task name {name!r}; expected 'mpsp', 'modadd' or 'mnist'")
 
 
+class Split(NamedTuple):
+    """One labelled split of a run: ``(tokens, labels, shortcut)`` (``shortcut`` None where the task has none;
+    an image task's ``tokens`` are its model inputs, pixels / 255). A tuple, so ``evaluate_ablations`` and the
+    patching functions take it as they take a hand-built ``(tokens, labels, shortcut)``."""
+
+    tokens: torch.Tensor
+    labels: torch.Tensor
+    shortcut: torch.Tensor | None
+
+
 @dataclass
 class Run:
-    """A run directory, opened read-only."""
+    """A run directory, opened read-only.
+
+    ``config`` (its config.json as a dict), ``task`` (the task object), ``metrics`` (every evaluation row of
+    metrics.jsonl), ``summary`` (summary.json, None while training), ``splits`` (every tensor of
+    splits.safetensors by name) and ``split(name)`` (one split as a ``Split``); ``model(epoch)`` and
+    ``iter_models()`` load checkpoints.
+    """
 
     path: Path
     config: dict
@@ -91,6 +108,23 @@ class Run:
             m = self.config["model"]
             self._splits = load_run_splits(self.path, m)
         return self._splits
+
+    def split(self, name: str) -> Split:
+        """The split ``name`` (``split_names()`` lists them) as ``Split(tokens, labels, shortcut)``."""
+        names = self.split_names()
+        if name not in names:
+            raise RunError(f"{self.path}: no split {name!r}; this run has {names}")
+        sp = self.splits
+        if self.is_mnist:
+            from lenslab.tasks.mnist import pixels_to_inputs
+
+            return Split(pixels_to_inputs(sp[f"{name}_images"], self.dtype), sp[f"{name}_labels"], None)
+        return Split(sp[f"{name}_tokens"], sp[f"{name}_labels"], sp.get(f"{name}_shortcut"))
+
+    def eval_splits(self) -> dict[str, Split]:
+        """Every split that has a shortcut, by name: what ``evaluate_ablations`` takes (MPSP: train, validation, adv, ...)."""
+        out = {n: self.split(n) for n in self.split_names()}
+        return {n: s for n, s in out.items() if s.shortcut is not None}
 
     def split_names(self) -> list[str]:
         part = "_images" if self.is_mnist else "_tokens"
@@ -144,6 +178,46 @@ class Run:
         model = self.new_model(device)
         load_checkpoint_into(model, self.checkpoint_file(epoch), self.config["model"])
         return model.eval()
+
+    def describe(self) -> dict:
+        """Name, task, model, epochs and outcome in a few fields (the reprs show these)."""
+        t, m = self.config["task"], self.config["model"]
+        task = " ".join(f"{k}={v}" for k, v in t.items() if k != "seed" and not isinstance(v, (dict, list)))
+        if m.get("arch") == "mlp":
+            model = f"MLP {'-'.join(str(d) for d in [m['d_in'], *[m['d_hidden']] * (m['n_layers'] - 1), m['d_out']])}"
+        else:
+            model = f"{m.get('n_layers')}L {m.get('n_heads')}H d_model {m.get('d_model')}"
+        epochs = self.epochs()
+        s = self.summary or {}
+        outcome = {k: s[k] for k in ("generalized", "outcome", "test_acc", "adv_acc") if k in s}
+        last = self.metrics[-1] if (self.path / "metrics.jsonl").is_file() and self.metrics else {}
+        accs = {k: v for k, v in last.items() if k.endswith("_acc")}
+        return {
+            "name": self.path.name,
+            "path": str(self.path),
+            "task": task,
+            "model": model,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "checkpoints": len(epochs),
+            "epochs": f"{epochs[0]}..{epochs[-1]}" if epochs else "none yet",
+            **outcome,
+            **{f"last {k}": round(v, 4) for k, v in accs.items() if isinstance(v, float)},
+        }
+
+    def __repr__(self) -> str:
+        d = self.describe()
+        return (
+            f"Run({d['path']!r}: {d['task']}; {d['model']}, {d['dtype']}; {d['checkpoints']} checkpoints, epochs {d['epochs']})"
+        )
+
+    def _repr_html_(self) -> str:
+        import html
+
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(str(k))}</th><td style='text-align:left'>{html.escape(str(v))}</td></tr>"
+            for k, v in self.describe().items()
+        )
+        return f"<div class='lenslab-run'><b>lenslab Run</b><table>{rows}</table></div>"
 
     def focus_epoch(self) -> int | None:
         if self.focus is None:

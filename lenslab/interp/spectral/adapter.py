@@ -165,7 +165,7 @@ def from_2d(mat: Float[Tensor, "n m"], ref: MatrixRef, param: Tensor) -> Tensor:
 
 
 def state_dict_of(source) -> dict[str, Tensor]:
-    """A state dict from a HookedTransformer / HookedMLP / nn.Module / dict / run dir / checkpoint path.
+    """A state dict from a HookedTransformer / HookedMLP / nn.Module / dict / ``Run`` / run dir / checkpoint path.
 
     For a ``HookedMLP`` (any TransformerLens ``HookedRootModule`` but a HookedTransformer) its
     parameters by name; for a plain nn.Module only ``Linear`` weights are used (keys ``<module>.weight``).
@@ -173,6 +173,12 @@ def state_dict_of(source) -> dict[str, Tensor]:
     """
     from transformer_lens import HookedRootModule, HookedTransformer
 
+    from lenslab.training.run import Run
+
+    if isinstance(source, Run):  # its focused or last checkpoint
+        from lenslab.training.runio import read_safetensors
+
+        return read_safetensors(source.checkpoint_file())[0]
     if isinstance(source, HookedTransformer):
         return {k: v.detach() for k, v in source.state_dict().items()}
     if isinstance(source, HookedRootModule):  # HookedMLP: layers.i.W [d_in, d_out], layers.i.b
@@ -197,7 +203,7 @@ def state_dict_of(source) -> dict[str, Tensor]:
         except RunError as e:
             raise SpectralError(str(e)) from None
     raise SpectralError(
-        f"cannot read weights from a {type(source).__name__}; pass a HookedTransformer, HookedMLP, nn.Module, state dict or path"
+        f"cannot read weights from a {type(source).__name__}; pass a HookedTransformer, HookedMLP, nn.Module, state dict, Run or path"
     )
 
 

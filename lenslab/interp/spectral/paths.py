@@ -144,6 +144,15 @@ def _jsd_rows(run_dir: Path, epoch: int | None, mode: str, seed: int) -> list[di
     return [r.to_record() for r in trap_jsd(model, mode=mode, seed=seed, split=split, n_probes=JSD_PROBES, n_null=JSD_NULL)]
 
 
+def _as_path(path):
+    """A ``Run`` as its focused checkpoint (if it was opened on one) or its directory; anything else as given."""
+    from lenslab.training.run import Run
+
+    if isinstance(path, Run):
+        return path.focus if path.focus is not None else path.path
+    return path
+
+
 def scan_path(
     path,
     mode: str = "robust",
@@ -163,6 +172,7 @@ def scan_path(
     Every option is checked (``ScanOptions``) before ``path`` is read.
     """
     options = ScanOptions(mode, seed, n_shuffles, workers, executor)
+    path = _as_path(path)
     kind, items, run_dir = resolve(path)
     if epochs is not None and kind == "run":
         wanted = set(epochs)

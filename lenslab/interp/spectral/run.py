@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from lenslab.interp.common import Table
 from lenslab.interp.spectral.paths import scan_path
 
@@ -26,7 +24,7 @@ ROW_KEYS = (
 
 
 def trap_counts_over_run(
-    path: str | Path,
+    path,  # a run directory, or a Run
     mode: str = "robust",
     seed: int = 0,
     n_shuffles: int = 1,
@@ -43,7 +41,8 @@ def trap_counts_over_run(
     from lenslab.interp.evolution import select_checkpoints
     from lenslab.training.run import Run
 
-    run = Run.open(path)
+    run = path if isinstance(path, Run) else Run.open(path)
+    path = run.path
     epochs = None if max_checkpoints is None else select_checkpoints(run.epochs(), max_checkpoints)
     scan = scan_path(path, mode=mode, seed=seed, n_shuffles=n_shuffles, workers=workers, progress=progress, epochs=epochs)
     by_epoch = {m.get("epoch"): m for m in run.metrics}

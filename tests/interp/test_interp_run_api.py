@@ -1,0 +1,69 @@
+"""One way in (issue 27): a Run where a model or splits are taken, Split named tuples, and rich reprs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lenslab.interp.ablation import Ablation, HeadTarget, evaluate_ablations
+from lenslab.interp.common import Table
+from lenslab.interp.spectral import alpha_table, extract_matrices, trap_counts_over_run
+from lenslab.training.errors import RunError
+from lenslab.training.run import Run, Split
+
+
+def test_split_is_the_raw_tensors_as_a_named_tuple(fake_run):
+    run = Run.open(fake_run)
+    raw = run.splits
+    for name in run.split_names():
+        sp = run.split(name)
+        assert isinstance(sp, Split) and isinstance(sp, tuple)
+        assert torch.equal(sp.tokens, raw[f"{name}_tokens"]) and torch.equal(sp.labels, raw[f"{name}_labels"])
+        assert torch.equal(sp.shortcut, raw[f"{name}_shortcut"])
+    assert set(run.eval_splits()) == {n for n in run.split_names() if f"{n}_shortcut" in raw}
+    with pytest.raises(RunError, match=r"no split 'nope'; this run has \["):
+        run.split("nope")
+
+
+def test_evaluate_ablations_takes_a_run_or_its_splits(fake_run):
+    run = Run.open(fake_run)
+    model = run.model()
+    abls = [Ablation(HeadTarget(0, 0)), Ablation(HeadTarget(1, 1), mode="zero")]
+    by_hand = {
+        n: (run.splits[f"{n}_tokens"], run.splits[f"{n}_labels"], run.splits[f"{n}_shortcut"]) for n in ("validation", "adv")
+    }
+    train = run.splits["train_tokens"]
+    ref = evaluate_ablations(model, abls, by_hand, reference_tokens=train)
+    named = evaluate_ablations(model, abls, {n: run.split(n) for n in ("validation", "adv")}, reference_tokens=train)
+    assert named == ref
+    whole = evaluate_ablations(model, abls, run)  # the train split is the reference by default
+    for a, b in zip(whole, ref):
+        assert all(a[k] == b[k] for k in b)  # the Run adds its other splits' columns, the shared ones agree
+
+
+def test_spectral_tools_take_a_run(fake_run):
+    run = Run.open(fake_run)
+    last = run.checkpoint_file()
+    assert alpha_table(run) == alpha_table(last)
+    assert list(extract_matrices(run).matrices) == list(extract_matrices(str(last)).matrices)
+    assert trap_counts_over_run(run, workers=1) == trap_counts_over_run(str(fake_run), workers=1)
+
+
+def test_run_reprs_name_the_run_task_model_and_epochs(fake_run):
+    run = Run.open(fake_run)
+    text = repr(run)
+    assert len(text) < 300 and run.path.name in text and "mpsp" in text and "2L 2H" in text
+    assert f"epochs {run.epochs()[0]}..{run.epochs()[-1]}" in text
+    html = run._repr_html_()
+    assert html.startswith("<div") and run.path.name in html and "mpsp" in html and str(len(run.epochs())) in html
+
+
+def test_table_keeps_integer_columns_and_shows_as_html():
+    t = Table(
+        [{"target": "none", "layer": None, "head": None, "acc": 0.5}, {"target": "L0H1", "layer": 0, "head": 1, "acc": 0.25}]
+    )
+    df = t.to_pandas()
+    assert str(df["layer"].dtype) == "Int64" and df["layer"].tolist()[1] == 0 and df["layer"].isna().tolist() == [True, False]
+    assert str(df["acc"].dtype) == "float64"
+    assert "<table" in t._repr_html_() and "2 rows" in t._repr_html_()
+    assert repr(t) == "Table(2 rows; columns ['target', 'layer', 'head', 'acc'])"
