@@ -20,7 +20,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens import utilities as utils  # "utils" is deprecated (removed in TL 4)
 
-from lenslab.interp.common import check_index, check_tokens, head_label
+from lenslab.interp.common import InterpError, check_index, check_tokens, head_label
 from lenslab.interp.patching import PatchGrid
 
 # -- plotly ------------------------------------------------------------------------------
@@ -208,8 +208,14 @@ class AttentionView:
         return bundle + self.html()
 
 
-def token_strings(tokens: list[int], n_values: int) -> list[str]:
-    return [str(t) if t < n_values else "READ" for t in tokens]
+def token_strings(tokens, n_values: int) -> list[str]:
+    """An MPSP example's tokens as strings: values as their numbers, the readout token as ``READ``.
+    ``tokens``: a list of ints or a 1-D integer tensor."""
+    if isinstance(tokens, Tensor):
+        if tokens.ndim != 1:
+            raise InterpError(f"token_strings takes one example [pos]; got shape {tuple(tokens.shape)}")
+        tokens = tokens.tolist()
+    return [str(int(t)) if t < n_values else "READ" for t in tokens]
 
 
 def attention_view(

@@ -67,3 +67,12 @@ def test_table_keeps_integer_columns_and_shows_as_html():
     assert str(df["acc"].dtype) == "float64"
     assert "<table" in t._repr_html_() and "2 rows" in t._repr_html_()
     assert repr(t) == "Table(2 rows; columns ['target', 'layer', 'head', 'acc'])"
+
+
+def test_token_strings_take_a_tensor_row_or_a_list():
+    from lenslab.interp.common import InterpError
+    from lenslab.interp.visual import token_strings
+
+    assert token_strings(torch.tensor([6, 0, 16]), 16) == ["6", "0", "READ"] == token_strings([6, 0, 16], 16)
+    with pytest.raises(InterpError, match="one example"):
+        token_strings(torch.zeros(2, 3, dtype=torch.long), 16)
