@@ -86,6 +86,23 @@ class PatchGrid:
     def axes(self) -> tuple[str, ...]:
         return GRID_AXES[self.kind]
 
+    def __repr__(self) -> str:
+        shape = " x ".join(f"{a} {n}" for a, n in zip(self.axes, self.values.shape))
+        v = self.values
+        return (
+            f"PatchGrid({self.kind}, {self.direction}: {shape}; values {float(v.min()):.3g}..{float(v.max()):.3g}; "
+            f"{self.n_pairs} pairs; logit diff source {self.ld_source:.3g}, receiver {self.ld_receiver:.3g})"
+        )
+
+    def _repr_html_(self) -> str:
+        """The grid as its heatmap (``visual.patching_figure``) under a one-line header."""
+        import html
+
+        from lenslab.interp.visual import patching_figure
+
+        fig = patching_figure(self)
+        return f"<div><b>{html.escape(repr(self))}</b>{fig.to_html(full_html=False, include_plotlyjs=True)}</div>"
+
     def to_records(self) -> Table:
         rows = Table()
         for idx in torch.cartesian_prod(*[torch.arange(s) for s in self.values.shape]).reshape(-1, self.values.ndim):

@@ -76,3 +76,24 @@ def test_token_strings_take_a_tensor_row_or_a_list():
     assert token_strings(torch.tensor([6, 0, 16]), 16) == ["6", "0", "READ"] == token_strings([6, 0, 16], 16)
     with pytest.raises(InterpError, match="one example"):
         token_strings(torch.zeros(2, 3, dtype=torch.long), 16)
+
+
+def test_patch_grid_alpha_fit_and_trap_scan_reprs(fake_run):
+    import math
+
+    from lenslab.interp.patching import PatchGrid
+    from lenslab.interp.spectral import fit_power_law, scan_path
+
+    grid = PatchGrid("resid_pre", "val->cf", torch.tensor([[0.0, 0.5], [1.0, 0.25]]), 64, 2.0, -1.0)
+    text = repr(grid)
+    assert "resid_pre" in text and "0..1" in text and "64 pairs" in text
+    assert "plotly" in grid._repr_html_().lower()
+    g = torch.Generator().manual_seed(0)
+    tail = (1 - torch.rand(2000, generator=g, dtype=torch.float64)) ** (-1 / 1.5)  # Pareto, alpha = 2.5 as a density
+    fit = fit_power_law(tail)
+    assert repr(fit).startswith(f"AlphaFit(alpha={fit.alpha:.4g} ± ") and "tail" in repr(fit)
+    nan = fit_power_law(torch.ones(3, dtype=torch.float64))
+    assert math.isnan(nan.alpha) and repr(nan).startswith("AlphaFit(alpha=nan: ")
+    scan = scan_path(fake_run, workers=1, progress=False)
+    assert f"{len(scan.checkpoints)} checkpoints" in repr(scan) and "traps at the last" in repr(scan)
+    assert "<pre>" in scan._repr_html_()

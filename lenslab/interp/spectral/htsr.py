@@ -71,6 +71,14 @@ class AlphaFit:
         """Standard error of the MLE α, (α − 1)/√n_tail (WeightWatcher's ``sigma``)."""
         return (self.alpha - 1) / math.sqrt(self.n_tail) if self.n_tail > 0 else math.nan
 
+    def __repr__(self) -> str:
+        if math.isnan(self.alpha):
+            return f"AlphaFit(alpha=nan: {self.reason}; {self.n_evals} eigenvalues)"
+        return (
+            f"AlphaFit(alpha={self.alpha:.4g} ± {self.stderr:.2g}, xmin={self.xmin:.4g}, tail {self.n_tail} of "
+            f"{self.n_evals} eigenvalues, KS {self.ks_distance:.3g})"
+        )
+
     def to_record(self) -> dict:
         return asdict(self)
 

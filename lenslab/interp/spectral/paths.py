@@ -69,6 +69,25 @@ class TrapScan:
             "checkpoints": [c.to_dict() for c in self.checkpoints],
         }
 
+    def __repr__(self) -> str:
+        bad = sum(1 for c in self.checkpoints if c.error)
+        last = next((c for c in reversed(self.checkpoints) if not c.error), None)
+        traps = {r["name"]: r["n_traps"] for r in last.matrices} if last is not None else {}
+        return (
+            f"TrapScan({self.path!r}, {self.mode}, seed {self.seed}: {len(self.checkpoints)} checkpoints"
+            + (f", {bad} unreadable" if bad else "")
+            + (f"; traps at the last: {traps}" if traps else "")
+            + ")"
+        )
+
+    def _repr_html_(self) -> str:
+        """The trap counts and alpha per matrix over checkpoints (``format_traps_table``) in a <pre> block."""
+        import html
+
+        from lenslab.interp.spectral.command import format_traps_table
+
+        return f"<div><b>{html.escape(repr(self))}</b><pre>{html.escape(format_traps_table(self))}</pre></div>"
+
 
 def _is_run_dir(path: Path) -> bool:
     """A folder with a ``config.json`` that is (or claims to be, or is too broken to tell) a lenslab run.
