@@ -16,6 +16,7 @@ names its position).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -90,11 +91,55 @@ class ResidTarget:
 Target = HeadTarget | AttnTarget | MLPTarget | ResidTarget
 
 
+HOOK_RE = re.compile(r"^blocks\.(\d+)\.(attn\.hook_z|hook_attn_out|hook_mlp_out|hook_resid_pre)$")
+
+
+def target_from_hook(name: str, head: int | None = None, pos: int | None = None) -> Target:
+    """A target from a TransformerLens hook name (``utils.get_act_name("z", 0)`` = ``blocks.0.attn.hook_z``):
+    ``hook_z`` with ``head`` is a head, ``hook_attn_out`` / ``hook_mlp_out`` a layer's output, ``hook_resid_pre``
+    with ``pos`` the residual stream at one position."""
+    m = HOOK_RE.match(name) if isinstance(name, str) else None
+    if m is None:
+        raise InterpError(
+            f"{name!r} is not an ablation site: use blocks.L.attn.hook_z (with head=), blocks.L.hook_attn_out, "
+            "blocks.L.hook_mlp_out or blocks.L.hook_resid_pre (with pos=)"
+        )
+    layer, site = int(m.group(1)), m.group(2)
+    if site == "attn.hook_z":
+        if head is None:
+            raise InterpError(f"{name} holds every head: say which, e.g. Ablation({name!r}, head=0)")
+        return HeadTarget(layer, head)
+    if site == "hook_resid_pre":
+        if pos is None:
+            raise InterpError(f"{name} is ablated at one position: say which, e.g. Ablation({name!r}, pos=0)")
+        return ResidTarget(layer, pos)
+    if head is not None:
+        raise InterpError(f"head={head} goes with blocks.L.attn.hook_z, not {name}")
+    return AttnTarget(layer) if site == "hook_attn_out" else MLPTarget(layer)
+
+
 @dataclass(frozen=True)
 class Ablation:
-    target: Target
+    """What to ablate and how: ``Ablation(HeadTarget(1, 0))``, or by TransformerLens hook name,
+    ``Ablation("blocks.1.attn.hook_z", head=0)``. ``mode`` is checked here; layer, head and position are
+    checked against the model when the ablation is evaluated."""
+
+    target: Target | str
     mode: str = "mean"
     pos: int | None = None
+    head: int | None = None  # with a hook_z name only
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InterpError(f"unknown ablation mode {self.mode!r}: choose one of {list(MODES)}")
+        if isinstance(self.target, str):
+            target = target_from_hook(self.target, self.head, self.pos if self.target.endswith("hook_resid_pre") else None)
+            object.__setattr__(self, "target", target)
+            object.__setattr__(self, "head", None)
+            if isinstance(target, ResidTarget):
+                object.__setattr__(self, "pos", None)
+        elif self.head is not None:
+            raise InterpError(f"head={self.head} goes with a hook-name target; a HeadTarget carries its own head")
 
     @property
     def label(self) -> str:

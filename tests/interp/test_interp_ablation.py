@@ -109,3 +109,25 @@ def test_out_of_range_targets_name_the_valid_range(trained, splits):
         evaluate_ablations(trained, [Ablation(HeadTarget(0, 0), "bogus")], data)
     with pytest.raises(InterpError, match="reference_tokens"):
         evaluate_ablations(trained, [Ablation(HeadTarget(0, 0), "mean")], data)
+
+
+def test_ablations_by_transformer_lens_hook_name(trained, splits):
+    from transformer_lens.utilities import get_act_name
+
+    from lenslab.interp.ablation import AttnTarget, ResidTarget
+
+    assert Ablation(get_act_name("z", 0), head=1) == Ablation(HeadTarget(0, 1))
+    assert Ablation("blocks.1.hook_mlp_out", "zero") == Ablation(MLPTarget(1), "zero")
+    assert Ablation("blocks.0.hook_attn_out").target == AttnTarget(0)
+    assert Ablation("blocks.1.hook_resid_pre", pos=2) == Ablation(ResidTarget(1, 2))
+    data = {"v": (splits["validation_tokens"], splits["validation_labels"], splits["validation_shortcut"])}
+    ref = splits["train_tokens"]
+    by_name = evaluate_ablations(trained, [Ablation("blocks.1.attn.hook_z", head=0)], data, reference_tokens=ref)
+    by_target = evaluate_ablations(trained, [Ablation(HeadTarget(1, 0))], data, reference_tokens=ref)
+    assert by_name == by_target
+    with pytest.raises(InterpError, match="say which, e.g. Ablation"):
+        Ablation("blocks.0.attn.hook_z")
+    with pytest.raises(InterpError, match="not an ablation site"):
+        Ablation("blocks.0.attn.hook_pattern", head=0)
+    with pytest.raises(InterpError, match="unknown ablation mode 'median'"):
+        Ablation(HeadTarget(0, 0), mode="median")  # at construction, not at evaluation
