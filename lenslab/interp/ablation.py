@@ -236,6 +236,7 @@ def evaluate_ablations(
     reference_tokens: Int[Tensor, "ref pos"] | None = None,
     seed: int = 0,
     max_rows: int = 16_384,
+    metric=None,  # (logits [n, k], labels [n], shortcut [n]) -> a scalar tensor or float, as TL's patching metrics
 ) -> Table:
     """One row per ablation (plus ``"none"``): accuracy and mean logit difference per split.
 
@@ -243,8 +244,11 @@ def evaluate_ablations(
     ``run.eval_splits()``, with its train split as ``reference_tokens`` unless given. The logit difference is
     ``label_vs_shortcut_diff`` (true-label minus shortcut logit; the margin over the best other
     class where label == shortcut). Columns: ``target, kind, layer, head, pos, mode`` and for
-    each split ``acc_<split>``, ``logit_diff_<split>``, ``delta_acc_<split>`` (vs unablated).
+    each split ``acc_<split>``, ``logit_diff_<split>``, ``delta_acc_<split>`` (vs unablated); with ``metric``,
+    also ``metric_<split>`` (its value on the ablated readout logits) and ``delta_metric_<split>``.
     """
+    if metric is not None and not callable(metric):
+        raise InterpError(f"metric must be a function (logits, labels, shortcut) -> scalar; got {type(metric).__name__}")
     from lenslab.training.run import Run
 
     if isinstance(splits, Run):  # its splits, and its train split as the reference (mean / resample ablations)
@@ -283,4 +287,9 @@ def evaluate_ablations(
             r[f"acc_{name}"] = a
             r[f"logit_diff_{name}"] = d
             r[f"delta_acc_{name}"] = a - acc[0].item()
+        if metric is not None:
+            vals = [float(metric(lg, labels, shortcut)) for lg in logits]
+            for r, v in zip(rows, vals):
+                r[f"metric_{name}"] = v
+                r[f"delta_metric_{name}"] = v - vals[0]
     return rows

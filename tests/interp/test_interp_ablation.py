@@ -131,3 +131,29 @@ def test_ablations_by_transformer_lens_hook_name(trained, splits):
         Ablation("blocks.0.attn.hook_pattern", head=0)
     with pytest.raises(InterpError, match="unknown ablation mode 'median'"):
         Ablation(HeadTarget(0, 0), mode="median")  # at construction, not at evaluation
+
+
+def test_a_metric_function_gets_its_own_columns(trained, splits):
+    data = {"v": (splits["validation_tokens"], splits["validation_labels"], splits["validation_shortcut"])}
+    abls = [Ablation(HeadTarget(0, 0), "zero"), Ablation(HeadTarget(1, 1), "zero")]
+
+    def shortcut_rate(logits, labels, shortcut):  # how often the model answers with the shortcut class
+        return (logits.argmax(-1) == shortcut).double().mean()
+
+    rows = evaluate_ablations(trained, abls, data, metric=shortcut_rate)
+    for r, ab in zip(rows, [None, *abls]):
+        tokens, labels, shortcut = data["v"]
+        if ab is None:
+            logits = trained(tokens)[:, -1]
+        else:
+            t = ab.target
+
+            def zero(z, hook, h=t.head):
+                z[:, :, h] = 0.0
+                return z
+
+            logits = trained.run_with_hooks(tokens, fwd_hooks=[(t.hook_name, zero)])[:, -1]
+        assert r["metric_v"] == pytest.approx(float(shortcut_rate(logits.detach(), labels, shortcut)), abs=1e-12)
+        assert r["delta_metric_v"] == pytest.approx(r["metric_v"] - rows[0]["metric_v"])
+    with pytest.raises(InterpError, match="metric must be a function"):
+        evaluate_ablations(trained, abls, data, metric="logit_diff")
