@@ -265,6 +265,7 @@ def controls(run_dir: Path, out: Path) -> dict:
         figs.append((role, step, maps))
         print(f"{run_dir.name}: {role} (step {step}) done", file=sys.stderr)
     (out / f"controls-{run_dir.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_figure(norm_response_figure(result), out / f"norm_response-{run_dir.name}.html")
     with_maps = [(role, step, m) for role, step, m in figs if len(m.rows)]
     if with_maps:
         role, step, m = with_maps[-1]
@@ -308,6 +309,58 @@ def figure(tables: dict[str, list[dict]]):
         template="plotly_white",
         height=900,
         title="MLP 784-200-200-10 on 1k MNIST digits, float64, MSE, init x8: weight decay 0 (red) vs 0.01 (blue)",
+    )
+    return fig
+
+
+def norm_response_figure(result: dict):
+    """The |x|^2 test at each control checkpoint: per probe set, the most predicted class's share (solid) and the
+    agreement with the unscaled prediction (dotted) against the input scale c."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    probes = ("gaussian", "mixed")
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=["Gaussian N(0, I) inputs", "mixed test images (x_a + x_b) / 2"], shared_yaxes=True
+    )
+    roles = [(r, c) for r, c in result["checkpoints"].items() if "same_as" not in c]
+    for i, (role, c) in enumerate(roles):
+        color = qualitative.Plotly[i % 10]
+        label = f"{role} (step {c['step']:,}, test {c['test_acc']:.3f})"
+        for j, probe in enumerate(probes):
+            rows = [r for r in c["norm_response"] if r["probe"] == probe]
+            x = [r["scale"] for r in rows]
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=[r["top_class_share"] for r in rows],
+                    name=label,
+                    legendgroup=role,
+                    showlegend=j == 0,
+                    line={"color": color},
+                ),
+                row=1,
+                col=j + 1,
+            )
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=[r["agree_with_unit"] for r in rows],
+                    name=f"{label}: agrees with c = 1",
+                    legendgroup=role,
+                    showlegend=False,
+                    line={"color": color, "dash": "dot"},
+                ),
+                row=1,
+                col=j + 1,
+            )
+    fig.update_xaxes(type="log", title_text="input scale c")
+    fig.update_yaxes(range=[0, 1.02], title_text="share of 256 inputs", row=1, col=1)
+    fig.update_layout(
+        template="plotly_white",
+        height=450,
+        title=f"{result['run']}: the |x|^2 test (solid: most predicted class's share; dotted: same class as at c = 1)",
     )
     return fig
 
