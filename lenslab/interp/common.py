@@ -66,6 +66,17 @@ def head_names(model: HookedTransformer) -> list[str]:
     return [head_label(layer, head) for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
 
 
+def task_numbers(model, n_values: int | None, k: int | None) -> tuple[int, int]:
+    """``(n_values, k)``: as given, else from the task a ``Run`` attached to the model it loaded (``model.lenslab_task``)."""
+    task = getattr(model, "lenslab_task", None)
+    if n_values is None or k is None:
+        if task is None or not hasattr(task, "n_values"):
+            raise InterpError("this model carries no MPSP task: pass n_values= and k= (or load it with Run.open(path).model())")
+        n_values = task.n_values if n_values is None else n_values
+        k = task.k if k is None else k
+    return n_values, k
+
+
 class Table(list):
     """A list of dict rows (one labeled record each); ``to_records`` for plotly/pandas/JSON."""
 

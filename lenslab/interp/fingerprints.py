@@ -44,7 +44,7 @@ from torch import Tensor
 from transformer_lens import FactoredMatrix, HookedTransformer
 from transformer_lens import utilities as utils  # "utils" is deprecated (removed in TL 4)
 
-from lenslab.interp.common import InterpError, Table, check_index, check_tokens, head_label
+from lenslab.interp.common import InterpError, Table, check_index, check_tokens, head_label, task_numbers
 
 FINGERPRINTS = ("qk_rho", "pos0_mass", "ov_parity_rho")
 
@@ -108,9 +108,12 @@ def _check_head(model: HookedTransformer, layer: int, head: int) -> None:
 
 
 def weight_fingerprints(
-    model: HookedTransformer, n_values: int, k: int, readout_token: int | None = None, seed: int = 0
+    model: HookedTransformer, n_values: int | None = None, k: int | None = None, readout_token: int | None = None, seed: int = 0
 ) -> Table:
-    """One row per head from the weights alone (see the module docstring for the approximation)."""
+    """One row per head from the weights alone (see the module docstring for the approximation).
+
+    ``n_values`` and ``k`` default to the task of the run the model came from (``Run.model()`` attaches it)."""
+    n_values, k = task_numbers(model, n_values, k)
     n_ctx = model.cfg.n_ctx
     readout_token = n_values if readout_token is None else readout_token
     check_index("readout_token", readout_token, model.cfg.d_vocab)
@@ -156,11 +159,14 @@ def _value_sequences(n_values: int, seq_len: int, seed: int, limit: int = 4096, 
     return torch.randint(0, n_values, (n_samples, seq_len), generator=g)
 
 
-def activation_fingerprints(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], k: int) -> Table:
+def activation_fingerprints(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], k: int | None = None) -> Table:
     """One row per head from activations on ``tokens`` (readout query = last position).
 
-    Key positions are every position before the readout; their token ids are the values.
+    Key positions are every position before the readout; their token ids are the values. ``k`` defaults to
+    the task of the run the model came from.
     """
+    if k is None:
+        _, k = task_numbers(model, None, None)
     tokens = check_tokens(model, tokens)
     n_ctx = tokens.shape[1]
     names = {utils.get_act_name(n, layer) for layer in range(model.cfg.n_layers) for n in ("attn_scores", "pattern", "v")}

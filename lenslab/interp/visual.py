@@ -20,7 +20,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens import utilities as utils  # "utils" is deprecated (removed in TL 4)
 
-from lenslab.interp.common import InterpError, check_index, check_tokens, head_label
+from lenslab.interp.common import InterpError, check_index, check_tokens, head_label, task_numbers
 from lenslab.interp.patching import PatchGrid
 
 # -- plotly ------------------------------------------------------------------------------
@@ -219,9 +219,12 @@ def token_strings(tokens, n_values: int) -> list[str]:
 
 
 def attention_view(
-    model: HookedTransformer, tokens: Tensor, n_values: int, layer: int | None = None, title: str = ""
+    model: HookedTransformer, tokens: Tensor, n_values: int | None = None, layer: int | None = None, title: str = ""
 ) -> AttentionView:
-    """Attention patterns of every head (or of one layer) on one example ``tokens`` [pos]."""
+    """Attention patterns of every head (or of one layer) on one example ``tokens`` [pos]; ``n_values`` defaults to
+    the task of the run the model came from."""
+    if n_values is None:
+        n_values, _ = task_numbers(model, None, None)
     tokens = check_tokens(model, tokens.reshape(1, -1))
     layers = range(model.cfg.n_layers) if layer is None else [check_index("layer", layer, model.cfg.n_layers)]
     with torch.no_grad():

@@ -177,6 +177,7 @@ class Run:
         """The model at ``epoch`` (default: the focused or the last checkpoint), in eval mode."""
         model = self.new_model(device)
         load_checkpoint_into(model, self.checkpoint_file(epoch), self.config["model"])
+        model.lenslab_task = self.task  # what the analysis functions read n_values / k from when not given
         return model.eval()
 
     def describe(self) -> dict:
@@ -237,6 +238,7 @@ class Run:
                 raise RunError(f"{self.path}: no checkpoint for epoch(s) {missing[:5]}; available: {[e for e, _ in ckpts]}")
             ckpts = [(e, p) for e, p in ckpts if e in wanted]
         model = self.new_model(device).eval()
+        model.lenslab_task = self.task
         for epoch, path in ckpts:
             load_checkpoint_into(model, path, self.config["model"])
             yield epoch, model

@@ -97,3 +97,22 @@ def test_patch_grid_alpha_fit_and_trap_scan_reprs(fake_run):
     scan = scan_path(fake_run, workers=1, progress=False)
     assert f"{len(scan.checkpoints)} checkpoints" in repr(scan) and "traps at the last" in repr(scan)
     assert "<pre>" in scan._repr_html_()
+
+
+def test_a_run_model_carries_its_task_for_the_analysis_functions(fake_run):
+    from lenslab.interp.common import InterpError
+    from lenslab.interp.fingerprints import activation_fingerprints, weight_fingerprints
+    from lenslab.interp.visual import attention_view
+
+    run = Run.open(fake_run)
+    model = run.model()
+    task = run.task
+    assert model.lenslab_task == task
+    assert weight_fingerprints(model) == weight_fingerprints(model, task.n_values, task.k)
+    val = run.split("validation")
+    assert activation_fingerprints(model, val.tokens[:32]) == activation_fingerprints(model, val.tokens[:32], task.k)
+    a, b = attention_view(model, val.tokens[0]), attention_view(model, val.tokens[0], task.n_values)
+    assert a.props == b.props  # the same view (its HTML differs only in a random element id)
+    bare = run.new_model()  # not loaded through the run: no task attached
+    with pytest.raises(InterpError, match="pass n_values= and k="):
+        weight_fingerprints(bare)
