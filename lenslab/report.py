@@ -42,6 +42,7 @@ def _item_html(item: Any) -> tuple[str, bool]:
 
 
 def render_report(title: str, sections: Sequence[tuple[str, Sequence[Any]]]) -> str:
+    """An offline HTML page: plotly.js (and, when a section needs it, the circuitsvis bundle) inlined, then each section's figures, tables and views."""
     from plotly.offline import get_plotlyjs
 
     body, needs_cv = [], False

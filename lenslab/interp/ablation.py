@@ -167,6 +167,7 @@ def check_ablation(model: HookedTransformer, ab: Ablation, n_pos: int) -> None:
 
 
 def all_head_ablations(model: HookedTransformer, mode: str = "mean") -> list[Ablation]:
+    """One ablation per attention head of ``model`` (``HeadTarget(layer, head)``), in layer-major order."""
     return [Ablation(HeadTarget(layer, head), mode) for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
 
 

@@ -28,6 +28,7 @@ def check_index(name: str, value: int | None, n: int, allow_none: bool = False) 
 
 
 def check_tokens(model: HookedTransformer, tokens: Tensor, name: str = "tokens") -> Int[Tensor, "batch pos"]:
+    """``tokens`` as int64 ``[batch, pos]`` that fit ``model`` (positions <= n_ctx, ids < d_vocab), or an ``InterpError`` naming what does not."""
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):
         raise InterpError(f"{name} must be an integer tensor [batch, pos]; got {getattr(tokens, 'shape', type(tokens))}")
     if tokens.shape[1] > model.cfg.n_ctx:
@@ -38,6 +39,7 @@ def check_tokens(model: HookedTransformer, tokens: Tensor, name: str = "tokens")
 
 
 def gather_class(logits: Float[Tensor, "batch k"], cls: Int[Tensor, " batch"]) -> Float[Tensor, " batch"]:
+    """``logits[i, cls[i]]`` for every row ``i``."""
     return logits.gather(-1, cls.long()[:, None])[:, 0]
 
 
@@ -63,6 +65,7 @@ def head_label(layer: int, head: int) -> str:
 
 
 def head_names(model: HookedTransformer) -> list[str]:
+    """Every head's label (``L0H0``, ``L0H1``, ...), in layer-major order."""
     return [head_label(layer, head) for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
 
 
@@ -129,4 +132,5 @@ def subsample(n: int, max_n: int | None, seed: int = 0) -> Int[Tensor, " m"]:
 
 
 def as_float_list(x: Iterable) -> list[float]:
+    """``x`` as a list of Python floats (tensors, arrays and lists alike)."""
     return [float(v) for v in x]

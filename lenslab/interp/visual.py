@@ -29,6 +29,7 @@ from lenslab.interp.patching import PatchGrid
 def heatmap(
     values, x_labels, y_labels, title: str, x_title: str, y_title: str, zmid: float | None = 0.0, colorbar: str = ""
 ) -> go.Figure:
+    """A plotly heatmap of ``values`` (a 2-D tensor or nested list) with labelled axes, centred at ``zmid`` (None: not centred)."""
     z = values.tolist() if isinstance(values, Tensor) else values
     fig = go.Figure(
         go.Heatmap(
@@ -94,6 +95,7 @@ def ablation_figure(table: Sequence[dict], value: str = "delta_acc") -> go.Figur
 def lines(
     rows: list[dict], x: str, ys: list[str], title: str, y_title: str, vlines: dict[str, float | None] | None = None
 ) -> go.Figure:
+    """One line per key of ``ys`` against ``x`` over ``rows`` (rows missing a key are skipped), with dotted vertical lines at ``vlines``."""
     fig = go.Figure()
     for y in ys:
         pts = [(r[x], r.get(y)) for r in rows if r.get(y) is not None]
@@ -107,12 +109,14 @@ def lines(
 
 
 def accuracy_figure(metrics: list[dict], phase: dict | None = None) -> go.Figure:
+    """Accuracy per split against epoch from a run's ``metrics`` (``run.metrics``), with the phase epochs marked when given."""
     ys = ["train_acc", "validation_acc", "adv_acc", "train_consistent_acc", "train_anti_acc"]
     v = {"phase 1": phase.get("phase1_epoch"), "phase 2": phase.get("phase2_epoch")} if phase else None
     return lines(metrics, "epoch", ys, "accuracy per split", "accuracy", v)
 
 
 def gradient_figure(metrics: list[dict]) -> go.Figure:
+    """Gradient conflict (cosine) and amplification (anti / consistent) against epoch, from a run's ``metrics``."""
     fig = make_subplots(
         rows=1, cols=2, subplot_titles=("gradient conflict (cosine)", "gradient amplification (anti / consistent)")
     )
@@ -155,6 +159,7 @@ def fingerprint_evolution_figure(head_rows: list[dict], source: str = "w") -> go
 
 
 def head_evolution_heatmap(head_rows: list[dict], key: str, title: str) -> go.Figure:
+    """Heads × epochs heatmap of one fingerprint column ``key`` from ``circuit_evolution``'s head rows."""
     epochs = sorted({r["epoch"] for r in head_rows})
     heads = sorted({r["head_name"] for r in head_rows})
     z = [[next((r[key] for r in head_rows if r["epoch"] == e and r["head_name"] == h), None) for e in epochs] for h in heads]
@@ -235,6 +240,7 @@ def attention_view(
 
 
 def figure_json(fig: go.Figure) -> dict:
+    """A figure as its plotly JSON dict (for ``--json`` output and reports)."""
     return json.loads(fig.to_json())
 
 

@@ -16,6 +16,8 @@ from lenslab.tasks.errors import TaskError
 
 @dataclass(frozen=True)
 class ModAddTask:
+    """Modular addition ``a b = -> (a + b) mod p`` over every pair, ``train_frac`` of them in the train split."""
+
     p: int = 113
     train_frac: float = 0.3
 

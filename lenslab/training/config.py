@@ -125,6 +125,7 @@ def modadd_run_config(
     data_seed: int = _MODADD["seed"].default,
     **train: Any,
 ) -> dict:
+    """A modular-addition run config (TransformerLens's grokking model: 1L, d_model 128, 4 heads, d_mlp 512, no LayerNorm); ``train`` overrides the train block (epochs, lr, weight_decay, dtype, ...)."""
     task = ModAddSpec(p=p, train_frac=train_frac, seed=data_seed)
     model = ModelSpec(**modadd_model_config(task.rule))
     return RunSpec(task=task, model=model, train=TrainSpec.for_task("modadd", **train)).to_dict()

@@ -31,6 +31,8 @@ ACTIVATIONS = {"relu": torch.relu, "gelu": nn.functional.gelu, "tanh": torch.tan
 
 
 class MLPLayer(nn.Module):
+    """One ``x @ W + b`` layer with its hook points (``hook_pre``; ``hook_post`` after the activation, where there is one)."""
+
     def __init__(self, d_in: int, d_out: int, act_fn: str | None):
         super().__init__()
         self.W = nn.Parameter(torch.empty(d_in, d_out))

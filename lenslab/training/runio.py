@@ -303,6 +303,7 @@ def read_config(run_dir: str | Path) -> dict:
 
 # -- checkpoints -----------------------------------------------------------------------
 def checkpoint_path(run_dir: str | Path, epoch: int) -> Path:
+    """Where the checkpoint of ``epoch`` lives: ``RUN/checkpoints/<epoch>.safetensors``."""
     return Path(run_dir) / "checkpoints" / f"{epoch}.safetensors"
 
 
@@ -320,6 +321,7 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 
 
 def save_checkpoint(run_dir: str | Path, epoch: int, model: torch.nn.Module, model_kwargs: dict) -> Path:
+    """Write ``model``'s state dict as the checkpoint of ``epoch`` (atomic; safetensors, with the model's config hash)."""
     path = checkpoint_path(run_dir, epoch)
     meta = {"format": CKPT_FORMAT, "epoch": str(epoch), "model_hash": model_hash(model_kwargs)}
     atomic_save_safetensors(path, model.state_dict(), meta)
@@ -402,6 +404,7 @@ SPLIT_PARTS = ("tokens", "labels", "shortcut")
 
 
 def save_splits(run_dir: str | Path, splits: dict[str, torch.Tensor]) -> None:
+    """Write a run's splits (``<split>_tokens`` / ``_labels`` / ...) to ``RUN/splits.safetensors`` (atomic)."""
     atomic_save_safetensors(Path(run_dir) / "splits.safetensors", splits, {"format": "lenslab-splits/1"})
 
 

@@ -36,6 +36,8 @@ from lenslab.training.errors import ConfigError
 
 
 class StackedAdamW:
+    """AdamW over ``[E, ...]`` parameters, one lr and weight decay per member (see the module docstring)."""
+
     def __init__(
         self,
         params: list[Tensor],

@@ -99,6 +99,7 @@ def resolve_device(device: str | None) -> torch.device:
 
 
 def make_splits(config: dict) -> dict[str, torch.Tensor]:
+    """The splits of a run config's task (MPSP, modular addition or MNIST), from its data seed."""
     task_cfg = config["task"]
     task = task_from_config(task_cfg)
     if task_cfg["name"] == "mpsp":

@@ -53,6 +53,8 @@ class MatrixRef:
 
 @dataclass(frozen=True)
 class Skipped:
+    """A tensor the adapter did not analyse, with its shape and the reason (1-D, too small, not floating point, ...)."""
+
     name: str
     shape: tuple[int, ...]
     reason: str
@@ -72,6 +74,7 @@ def _sort_key(key: str) -> tuple:
 
 
 def is_tl_state(shapes: dict[str, tuple]) -> bool:
+    """Whether a state dict's shapes are a TransformerLens ``HookedTransformer``'s (``embed.W_E`` and ``blocks.*``)."""
     return "embed.W_E" in shapes and any(k.startswith("blocks.") for k in shapes)
 
 

@@ -87,6 +87,8 @@ def null_component(comp: TrapComponent, generator: torch.Generator) -> TrapCompo
 
 @dataclass
 class JSDRow:
+    """One trap's replacement ablation: J_k on the probes, its null (random rank-1 replacements), whether it is harmful, and the accuracy change on a split when one was given."""
+
     matrix: str
     trap: int  # index among this matrix's traps, largest first
     eigenvalue: float

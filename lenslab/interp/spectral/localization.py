@@ -32,6 +32,8 @@ from lenslab.interp.spectral.traps import detect_traps
 
 @dataclass
 class TrapPixelMaps:
+    """The pixel maps of one matrix's traps (``trap_pixel_maps``): a row of metrics per trap, the images, and W's own row mass."""
+
     matrix: str
     image_shape: tuple[int, int]
     rows: Table  # one per trap, strongest first

@@ -13,6 +13,7 @@ def make_generator(seed: int) -> torch.Generator:
 
 
 def random_permutation(n: int, generator: torch.Generator) -> Int[Tensor, " n"]:
+    """A permutation of ``0..n-1`` drawn from ``generator`` (the shuffles of the trap detector)."""
     return torch.randperm(n, generator=generator)
 
 
