@@ -95,13 +95,29 @@ class PatchGrid:
         )
 
     def _repr_html_(self) -> str:
-        """The grid as its heatmap (``visual.patching_figure``) under a one-line header."""
+        """The grid as a coloured HTML table (rows: the first axis; columns: the others), under a one-line header.
+        Plain HTML, so it shows in any front end; ``visual.patching_figure(grid)`` is the plotly heatmap."""
         import html
 
-        from lenslab.interp.visual import patching_figure
+        v = self.values.detach().double().cpu()
+        flat = v.reshape(v.shape[0], -1)
+        scale = float(flat.abs().max()) or 1.0
+        cols = [list(ix) for ix in torch.cartesian_prod(*[torch.arange(n) for n in v.shape[1:]]).reshape(-1, v.ndim - 1).tolist()]
+        head = "".join(f"<th>{html.escape(','.join(str(i) for i in c))}</th>" for c in cols)
 
-        fig = patching_figure(self)
-        return f"<div><b>{html.escape(repr(self))}</b>{fig.to_html(full_html=False, include_plotlyjs=True)}</div>"
+        def cell(x: float) -> str:
+            a = min(abs(x) / scale, 1.0)
+            rgb = "178,24,43" if x > 0 else "33,102,172"  # red for positive, blue for negative
+            return f"<td style='background: rgba({rgb},{a:.2f})'>{x:.3g}</td>"
+
+        body = "".join(
+            f"<tr><th>{i}</th>" + "".join(cell(float(x)) for x in row) + "</tr>" for i, row in enumerate(flat.tolist())
+        )
+        axes = f"rows: {self.axes[0]}; columns: {', '.join(self.axes[1:])}"
+        return (
+            f"<div><b>{html.escape(repr(self))}</b><br><small>{html.escape(axes)}</small>"
+            f"<table><tr><th></th>{head}</tr>{body}</table></div>"
+        )
 
     def to_records(self) -> Table:
         rows = Table()

@@ -87,7 +87,8 @@ def test_patch_grid_alpha_fit_and_trap_scan_reprs(fake_run):
     grid = PatchGrid("resid_pre", "val->cf", torch.tensor([[0.0, 0.5], [1.0, 0.25]]), 64, 2.0, -1.0)
     text = repr(grid)
     assert "resid_pre" in text and "0..1" in text and "64 pairs" in text
-    assert "plotly" in grid._repr_html_().lower()
+    page = grid._repr_html_()
+    assert page.count("<td") == 4 and "rows: layer" in page and "rgba(178,24,43,1.00)" in page  # the max is full red
     g = torch.Generator().manual_seed(0)
     tail = (1 - torch.rand(2000, generator=g, dtype=torch.float64)) ** (-1 / 1.5)  # Pareto, alpha = 2.5 as a density
     fit = fit_power_law(tail)
