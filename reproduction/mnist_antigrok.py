@@ -235,7 +235,6 @@ def controls(run_dir: Path, out: Path) -> dict:
     JSD ablation at ``control_checkpoints``; writes ``controls-<arm>.json`` and ``trap_images-<arm>.html``."""
     from lenslab.interp.norm_response import norm_response, standard_probes
     from lenslab.interp.spectral import rescale_control, trap_image_figure, trap_jsd, trap_pixel_maps
-    from lenslab.interp.spectral.paths import _jsd_split
     from lenslab.training.run import Run
     from reproduction.figures import write_figure
 
@@ -251,7 +250,7 @@ def controls(run_dir: Path, out: Path) -> dict:
             continue
         done[step] = role
         model = run.model(epoch_of[step])
-        test_x, test_y = _jsd_split(run, model)
+        test_x, test_y, _ = run.split("test")
         maps = trap_pixel_maps(model, "layers.0.W")
         result["checkpoints"][role] = {
             "step": step,

@@ -133,7 +133,7 @@ class Ablation:
         if self.mode not in MODES:
             raise InterpError(f"unknown ablation mode {self.mode!r}: choose one of {list(MODES)}")
         if isinstance(self.target, str):
-            target = target_from_hook(self.target, self.head, self.pos if self.target.endswith("hook_resid_pre") else None)
+            target = target_from_hook(self.target, self.head, self.pos)
             object.__setattr__(self, "target", target)
             object.__setattr__(self, "head", None)
             if isinstance(target, ResidTarget):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -69,6 +70,14 @@ def head_names(model: HookedTransformer) -> list[str]:
     return [head_label(layer, head) for layer in range(model.cfg.n_layers) for head in range(model.cfg.n_heads)]
 
 
+def check_scales(scales, error: type[Exception] = InterpError) -> tuple[float, ...]:
+    """``scales`` as a tuple of floats, each finite and > 0 (input or weight multipliers); else one ``error`` line."""
+    out = tuple(scales)
+    if not out or any(isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0 for c in out):
+        raise error(f"scales={scales!r} must be a non-empty list of finite numbers > 0, e.g. (0.5, 1.0, 2.0)")
+    return tuple(float(c) for c in out)
+
+
 def task_numbers(model, n_values: int | None, k: int | None) -> tuple[int, int]:
     """``(n_values, k)``: as given, else from the task a ``Run`` attached to the model it loaded (``model.lenslab_task``)."""
     task = getattr(model, "lenslab_task", None)
@@ -111,16 +120,8 @@ class Table(list):
         return f"Table({len(self)} rows; columns {cols})"
 
     def _repr_html_(self) -> str:
-        """The rows as an HTML table in a notebook (pandas' where installed), with the row count."""
-        try:
-            return self.to_pandas()._repr_html_() + f"<p>{len(self)} rows</p>"
-        except ImportError:
-            import html
-
-            cols = list(dict.fromkeys(k for r in self for k in r))
-            head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
-            body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in self)
-            return f"<table><tr>{head}</tr>{body}</table><p>{len(self)} rows</p>"
+        """The rows as an HTML table in a notebook (pandas', a TransformerLens dependency), with the row count."""
+        return self.to_pandas()._repr_html_() + f"<p>{len(self)} rows</p>"
 
 
 def subsample(n: int, max_n: int | None, seed: int = 0) -> Int[Tensor, " m"]:

@@ -14,13 +14,11 @@ probe) and *mixed images*, (x_a + x_b)/2 for test images of two different classe
 
 from __future__ import annotations
 
-import math
-
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lenslab.interp.common import InterpError, Table
+from lenslab.interp.common import InterpError, Table, check_scales
 from lenslab.interp.spectral.jsd import gaussian_probes
 from lenslab.interp.spectral.shuffle import make_generator
 
@@ -49,13 +47,6 @@ def standard_probes(model, test_x: Tensor, test_y: Tensor, n: int = 256, seed: i
     return {"gaussian": gaussian_probes(model, n, seed), "mixed": mixed.to(model.dtype)}
 
 
-def _check_scales(scales) -> tuple[float, ...]:
-    out = tuple(scales)
-    if not out or any(isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0 for c in out):
-        raise InterpError(f"scales={scales!r} must be a non-empty list of finite numbers > 0, e.g. (0.5, 1, 2)")
-    return tuple(float(c) for c in out)
-
-
 @torch.no_grad()
 def norm_response(model, probes: dict[str, Tensor], scales=DEFAULT_SCALES) -> Table:
     """Rows ``{probe, scale, input_norm, agree_with_unit, top_class, top_class_share, mean_max_logit, mean_logit_norm}``.
@@ -63,7 +54,7 @@ def norm_response(model, probes: dict[str, Tensor], scales=DEFAULT_SCALES) -> Ta
     ``model``: anything that maps ``[n, d_in]`` to logits ``[n, k]`` (a ``HookedMLP``). ``probes``:
     named input sets (``standard_probes``). ``input_norm`` is the mean ‖c·x‖.
     """
-    scales = _check_scales(scales)
+    scales = check_scales(scales)
     if not isinstance(probes, dict) or not probes:
         raise InterpError("probes must be a non-empty dict {name: inputs [n, d_in]}; see standard_probes")
     rows = Table()

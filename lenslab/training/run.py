@@ -191,7 +191,8 @@ class Run:
         epochs = self.epochs()
         s = self.summary or {}
         outcome = {k: s[k] for k in ("generalized", "outcome", "test_acc", "adv_acc") if k in s}
-        last = self.metrics[-1] if (self.path / "metrics.jsonl").is_file() and self.metrics else {}
+        metrics = self.metrics if (self.path / "metrics.jsonl").is_file() else []
+        last = metrics[-1] if metrics else {}
         accs = {k: v for k, v in last.items() if k.endswith("_acc")}
         return {
             "name": self.path.name,

@@ -21,19 +21,12 @@ import numpy as np
 import torch
 from scipy import stats
 
-from lenslab.interp.common import Table
+from lenslab.interp.common import Table, check_scales
 from lenslab.interp.spectral.adapter import extract_matrices
 from lenslab.interp.spectral.errors import SpectralError
 from lenslab.interp.spectral.htsr import htsr_alpha
 from lenslab.interp.spectral.shuffle import make_generator
 from lenslab.interp.spectral.traps import detect_traps
-
-
-def _check_scales(scales) -> tuple[float, ...]:
-    out = tuple(scales)
-    if not out or any(isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c <= 0 for c in out):
-        raise SpectralError(f"scales={scales!r} must be a non-empty list of finite numbers > 0, e.g. (0.5, 1.0, 2.0)")
-    return tuple(float(c) for c in out)
 
 
 def norm_matched_gaussian(w: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -59,7 +52,7 @@ def rescale_control(
     (seed ``seed``; its ``n_traps`` is 0 unless noise crosses the TW threshold, about 2·10⁻⁴ per matrix).
     ``matrices`` limits the rows to those names (all by default).
     """
-    scales = _check_scales(scales)
+    scales = check_scales(scales, SpectralError)
     found = extract_matrices(source).matrices
     if matrices is not None:
         missing = [m for m in matrices if m not in found]

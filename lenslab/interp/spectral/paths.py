@@ -142,15 +142,14 @@ def _jsd_split(run, model) -> tuple | None:
     """The run's labelled split for the ablation's accuracy column: the test split (``adv`` for MPSP runs
     without one); an MNIST MLP's test images as its inputs, ``pixels / 255`` in the model's dtype. None without splits."""
     try:
-        splits = run.splits
+        names = run.split_names()
     except Exception:  # noqa: BLE001
         return None  # no splits file: J_k only
-    if "test_images" in splits:
-        from lenslab.tasks.mnist import pixels_to_inputs
-
-        return pixels_to_inputs(splits["test_images"], model.dtype), splits["test_labels"]
-    name = "test" if "test_tokens" in splits else ("adv" if "adv_tokens" in splits else None)
-    return (splits[f"{name}_tokens"], splits[f"{name}_labels"]) if name else None
+    name = "test" if "test" in names else ("adv" if "adv" in names else None)
+    if name is None:
+        return None
+    split = run.split(name)  # an image task's inputs come back as pixels / 255 in the run's dtype
+    return split.tokens.to(model.dtype) if run.is_mnist else split.tokens, split.labels
 
 
 def _jsd_rows(run_dir: Path, epoch: int | None, mode: str, seed: int) -> list[dict]:
