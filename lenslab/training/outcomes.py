@@ -28,6 +28,7 @@ CLIMB = 0.05
 TAIL = 0.2
 MEMORIZED_FIT, MEMORIZED_GAP = 0.9, 0.3
 SHORTCUT_VAL, SHORTCUT_ADV = 0.9, 0.2
+FIT = 0.97  # train accuracy that counts as fitting the split (issue 25's memorization onset)
 OUTCOMES = ("generalized", "transient", "constant", "chance", "climbing", "memorized", "shortcut", "partial")
 FAILURES = OUTCOMES[2:]
 
@@ -73,20 +74,42 @@ def classify(rows: list[dict], k: int, share: float | None) -> str:
     return "partial"
 
 
-def run_outcome(run, check_constant: bool = True) -> dict:
-    """One tidy row for a run (a ``training.run.Run``): the numbers behind its outcome, and the outcome."""
+def fit_epoch(rows: list[dict], threshold: float = FIT) -> int | None:
+    """The first evaluated epoch whose train accuracy is >= ``threshold`` (None if none): the
+    memorization onset of a run that fits its split before (or without) learning the rule."""
+    return next((r["epoch"] for r in rows if r["train_acc"] >= threshold), None)
+
+
+def run_outcome(run, check_constant: bool = True, until: int | None = None) -> dict:
+    """One tidy row for a run (a ``training.run.Run``): the numbers behind its outcome, and the outcome.
+
+    ``until``: judge the run as it stood at that epoch: only evaluations at epochs <= ``until``, and
+    the constant check on the last checkpoint at or before it (for runs that went further, so that
+    every run of a comparison is read at the same horizon).
+
+    Besides the outcome: ``fit_epoch``, the first evaluation with train accuracy >= 0.97
+    (``FIT``; the memorization onset of runs that fit first), and ``fit_to_generalized``, the epochs
+    from there to the first 100 % adversarial evaluation when that comes later (a memorized run's
+    escape lag; 0 when both come at the same evaluation, None when the run never generalized).
+    """
     rows = run.metrics
+    if until is not None:
+        rows = [r for r in rows if r["epoch"] <= until]
     if not rows:
         return {"outcome": None}
     share = None
     if check_constant and not any(r.get("adv_acc") == 1.0 for r in rows):
-        share = constant_share(run.model(), run.splits["train_tokens"])
+        epochs = [e for e in run.epochs() if until is None or e <= until]
+        share = constant_share(run.model(epochs[-1] if epochs else None), run.splits["train_tokens"])
     last = rows[-1]
     gen = [r["epoch"] for r in rows if r.get("adv_acc") == 1.0]
+    fit = fit_epoch(rows)
     return {
         "epochs": last["epoch"],
         "generalized": bool(gen),
         "first_generalized_epoch": gen[0] if gen else None,
+        "fit_epoch": fit,
+        "fit_to_generalized": gen[0] - fit if gen and fit is not None and gen[0] >= fit else None,
         "train_acc_final": last["train_acc"],
         "train_acc_max": max(r["train_acc"] for r in rows),
         "train_consistent_acc": last.get("train_consistent_acc"),

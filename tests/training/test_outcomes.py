@@ -65,3 +65,55 @@ def test_constant_share_counts_the_argmax_of_a_real_model():
     with torch.no_grad():  # a model whose unembedding bias dominates predicts one class everywhere
         model.b_U[1] = 1e4
     assert constant_share(model, tokens) == 1.0
+
+
+def test_fit_epoch_is_the_first_evaluation_at_the_threshold():
+    from lenslab.training.outcomes import fit_epoch
+
+    rows = _rows([0.1] * 5, train=[0.5, 0.969, 0.97, 0.6, 1.0])
+    assert fit_epoch(rows) == 20  # 0.97 counts, 0.969 does not; a later dip does not move it
+    assert fit_epoch(rows, threshold=0.99) == 40
+    assert fit_epoch(_rows([0.1] * 3, train=[0.5] * 3)) is None
+
+
+class _FakeRun:
+    """What run_outcome reads from a Run: metrics, checkpoint epochs, a model per epoch, splits, task."""
+
+    def __init__(self, rows, ckpts):
+        self.metrics, self._ckpts, self.asked = rows, ckpts, []
+        self.splits = {"train_tokens": torch.zeros(4, 3, dtype=torch.long)}
+        self.task = type("T", (), {"k": 2})()
+
+    def epochs(self):
+        return self._ckpts
+
+    def model(self, epoch=None):
+        self.asked.append(epoch)
+        return epoch
+
+
+def test_run_outcome_until_reads_the_run_as_it_stood_then(monkeypatch):
+    from lenslab.training import outcomes
+
+    # memorized by epoch 30 (train 0.98, anti 0.95, adv 0.5), the rule at epoch 70
+    adv = [0.5, 0.5, 0.5, 0.5, 0.5, 0.6, 0.8, 1.0]
+    train = [0.6, 0.9, 0.96, 0.98, 0.99, 0.99, 1.0, 1.0]
+    run = _FakeRun(_rows(adv, train=train, val=[0.5] * 8, anti=[0.95] * 8), ckpts=[0, 20, 40, 70])
+    monkeypatch.setattr(outcomes, "constant_share", lambda model, tokens: 0.5)
+    whole = outcomes.run_outcome(run)
+    assert (whole["outcome"], whole["fit_epoch"], whole["first_generalized_epoch"], whole["fit_to_generalized"]) == (
+        "generalized",
+        30,
+        70,
+        40,
+    )
+    assert run.asked == []  # a generalized run needs no constant check
+    early = outcomes.run_outcome(run, until=45)
+    assert (early["epochs"], early["outcome"], early["fit_to_generalized"]) == (40, "memorized", None)
+    assert run.asked == [40]  # the last checkpoint at or before the horizon, not the run's last
+    assert outcomes.run_outcome(run, until=-1) == {"outcome": None}
+    # generalized at the same evaluation as the fit: lag 0; before the fit: no lag
+    same = _FakeRun(_rows([0.2, 1.0], train=[0.5, 0.99]), ckpts=[10])
+    assert outcomes.run_outcome(same)["fit_to_generalized"] == 0
+    before = _FakeRun(_rows([1.0, 1.0], train=[0.9, 0.99]), ckpts=[10])
+    assert outcomes.run_outcome(before)["fit_to_generalized"] is None

@@ -1,0 +1,186 @@
+"""Issue 25 (REPRODUCTION item 1c): the 2L boundary cells past the memorization wall.
+
+    .venv/bin/python reproduction/boundary_long.py ~/lenslab-runs/boundary reproduction/results/boundary_long
+
+Reads the sweep folders that ``reproduction/boundary_long.sh`` writes (``v12/``, ``v16/``) and
+judges every run at its cell pair's **horizon**: the last round (a multiple of 200 epochs) that
+every member of both r reached, so that r = 0.5 and r = 0.9 are read at the same epoch even when
+the sweep was stopped mid-round (``run_outcome(run, until=horizon)``). Writes:
+
+- ``runs.csv``: per run, the outcome at the horizon, ``fit_epoch`` (train accuracy first >= 0.97:
+  the memorization onset), ``fit_to_generalized`` (the lag to 100 % adversarial accuracy), and the
+  outcome at every earlier round (``outcome_at_<E>``), which is where an escape from memorization
+  shows;
+- ``cells.csv`` / ``cells.json``: per cell, generalized k/n with a Wilson 95 % interval, the failure
+  breakdown, escapes (runs memorized at an earlier round and generalized by the horizon) and the
+  runs still moving (outcome "climbing", or adversarial accuracy rising >= 0.05 over the last 20 %
+  of evaluations);
+- ``curves.html``: adversarial and train accuracy against epoch (log axis) for every run, by r.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lenslab.training.outcomes import CLIMB, FAILURES, run_outcome
+from lenslab.training.run import Run
+from lenslab.training.sweep import wilson
+from reproduction.figures import write_figure
+
+ROUND = 200
+RATIO_COLOUR = {0.5: "#1f77b4", 0.9: "#d62728"}
+
+
+def members(sweep: Path) -> list[dict]:
+    plan = json.loads((sweep / "sweep.json").read_text())
+    out = []
+    for m in plan["members"]:
+        run = Run.open(sweep / m["out"])
+        if run.metrics:
+            out.append({"run": run, "seed": m["seed"], "ratio": run.config["task"]["ratio"], "cell": Path(m["out"]).parent.name})
+    return out
+
+
+def horizon(ms: list[dict]) -> int:
+    """The last multiple of ROUND that every member's evaluations reached."""
+    return min(m["run"].metrics[-1]["epoch"] for m in ms) // ROUND * ROUND
+
+
+def judge(ms: list[dict], until: int) -> list[dict]:
+    rows = []
+    for m in ms:
+        row = {"cell": m["cell"], "ratio": m["ratio"], "seed": m["seed"], "horizon": until}
+        row |= run_outcome(m["run"], until=until)
+        row["epochs_reached"] = m["run"].metrics[-1]["epoch"]
+        for e in range(ROUND, until, ROUND):
+            row[f"outcome_at_{e}"] = run_outcome(m["run"], until=e)["outcome"]
+        rows.append(row)
+    return rows
+
+
+def cell_rows(runs: list[dict]) -> list[dict]:
+    cells = []
+    for cell in sorted({r["cell"] for r in runs}):
+        rs = [r for r in runs if r["cell"] == cell]
+        gen = [r for r in rs if r["generalized"]]
+        lo, hi = wilson(len(gen), len(rs))
+        earlier = [k for k in rs[0] if k.startswith("outcome_at_")]
+        escaped = [r for r in gen if any(r[k] == "memorized" for k in earlier)]
+        moving = [r for r in rs if r["outcome"] == "climbing" or (r["adv_trend"] is not None and r["adv_trend"] >= CLIMB)]
+        lags = [r["fit_to_generalized"] for r in gen if r["fit_to_generalized"] is not None]
+        cells.append(
+            {
+                "cell": cell,
+                "ratio": rs[0]["ratio"],
+                "horizon": rs[0]["horizon"],
+                "runs": len(rs),
+                "generalized": len(gen),
+                "wilson_low": lo,
+                "wilson_high": hi,
+                **{f"failed_{o}": sum(r["outcome"] == o for r in rs) for o in FAILURES},
+                "escaped_memorization": len(escaped),
+                "still_moving": len(moving),
+                "median_fit_epoch": _median([r["fit_epoch"] for r in rs if r["fit_epoch"] is not None]),
+                "fit_to_generalized": lags,
+            }
+        )
+    return cells
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    if not xs:
+        return None
+    n = len(xs)
+    return float(xs[n // 2]) if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def _csv(rows: list[dict]) -> str:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
+    return buf.getvalue()
+
+
+def curves_figure(groups: dict[str, list[dict]], horizons: dict[str, int]):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    names = list(groups)
+    fig = make_subplots(
+        rows=2,
+        cols=len(names),
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=[f"{n}: adversarial accuracy (r = 0 split)" for n in names] + [f"{n}: train accuracy" for n in names],
+    )
+    shown = set()
+    for j, name in enumerate(names, 1):
+        for m in groups[name]:
+            rows = [r for r in m["run"].metrics if r["epoch"] > 0]
+            x = [r["epoch"] for r in rows]
+            q = m["ratio"]
+            for i, key in ((1, "adv_acc"), (2, "train_acc")):
+                fig.add_trace(
+                    go.Scatter(
+                        x=x,
+                        y=[r[key] for r in rows],
+                        mode="lines",
+                        line={"color": RATIO_COLOUR.get(q, "#555"), "width": 1.5},
+                        name=f"r = {q:g}",
+                        legendgroup=f"r{q}",
+                        showlegend=(i == 1 and q not in shown),
+                        hovertemplate=f"r {q:g}, seed {m['seed']}<br>epoch %{{x}}<br>{key} %{{y:.3f}}<extra></extra>",
+                    ),
+                    row=i,
+                    col=j,
+                )
+                shown.add(q)
+            fig.add_vline(x=horizons[name], line_dash="dot", line_color="#999", row="all", col=j)
+    fig.update_xaxes(type="log", title_text="epoch (log)", row=2)
+    fig.update_yaxes(range=[0, 1.02])
+    fig.update_layout(
+        template="plotly_white",
+        height=720,
+        width=560 * len(names) + 100,
+        title="2L 2H, seq_len 6, weight decay 0.1: every run of the boundary cells (dotted: the horizon judged)",
+    )
+    return fig
+
+
+def main(root_dir: str, out_dir: str) -> None:
+    root, out = Path(root_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups, horizons, runs = {}, {}, []
+    for sweep in sorted(p for p in root.iterdir() if (p / "sweep.json").exists()):
+        ms = members(sweep)
+        if not ms:
+            continue
+        values = ms[0]["run"].config["task"]["n_values"]
+        name = f"{values} values"
+        groups[name], horizons[name] = ms, horizon(ms)
+        runs += judge(ms, horizons[name])
+    cells = cell_rows(runs)
+    (out / "runs.csv").write_text(_csv(runs))
+    (out / "cells.csv").write_text(_csv(cells))
+    (out / "cells.json").write_text(json.dumps({"horizons": horizons, "cells": cells}, indent=1))
+    write_figure(curves_figure(groups, horizons), out / "curves.html")
+    for c in cells:
+        fails = ", ".join(f"{c[f'failed_{o}']} {o}" for o in FAILURES if c[f"failed_{o}"])
+        print(
+            f"{c['cell']:<28} @{c['horizon']:>5}  {c['generalized']}/{c['runs']} [{c['wilson_low']:.2f}, {c['wilson_high']:.2f}]"
+            f"  escaped {c['escaped_memorization']}  moving {c['still_moving']}  lags {c['fit_to_generalized']}  {fails}"
+        )
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

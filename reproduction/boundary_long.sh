@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Issue 25: paper 1's two 2L 2-head boundary cells past the memorization wall, toward 2,000 epochs.
+#   RUNS=~/lenslab-runs/boundary bash reproduction/boundary_long.sh
+# Fixed before any run of this script was looked at (2026-12-06, 19:20 UTC):
+# - Knobs as regime_map.sh's steps 1 and 3 (2L, 2 heads, d_model 64, AdamW lr 1e-3, weight decay
+#   0.1, batch 512, seq_len 6, 16,384 / 2,048 / 2,048 examples, data seed 0, sum mod 2, max mod 2,
+#   seeds 0-3), except evaluation every 10 epochs (the issue's choice) instead of 5.
+# - Order: the 12-value cells first (the boundary: half the r = 0.5 runs learned the rule by epoch
+#   200, the rest memorized), then the 16-value cells. Each cell pair advances in rounds of 200
+#   epochs (r = 0.5 then r = 0.9 within a round), so that when the CPU time runs out both r stand
+#   at the same epoch.
+# - One process, one thread (the MNIST-MLP run has the other core), 4 seeds stacked.
+# - Outcomes by lenslab/training/outcomes.py, unchanged. The write-up reports the last round that
+#   every member of a cell pair finished.
+# Resumable: run it again after a kill; each member continues from its last checkpoint.
+set -euo pipefail
+RUNS=${RUNS:-$HOME/lenslab-runs/boundary}
+export OMP_NUM_THREADS=1
+L="python -m lenslab.cli sweep --heads 2 --layers 2 --ratios 0.5,0.9 --seeds 0-3 --seq-len 6
+   --eval-every 10 --workers 1 --ensemble-size 4 --no-progress"
+for E in $(seq 200 200 2000); do $L --n-values 12 --epochs "$E" --out "$RUNS/v12"; done
+for E in $(seq 400 200 2000); do $L --n-values 16 --epochs "$E" --out "$RUNS/v16"; done
