@@ -16,7 +16,8 @@ from other processes on a shared machine hits every loop alike. Loops:
   each, which is how ``lenslab sweep --workers P`` uses the machine (default P = 2 on CPU).
 
 Also the achieved GFLOP/s (forward work actually done x 3 for forward + backward) beside the
-machine's large-matmul GFLOP/s (2048^2 sgemm), measured here too. Prints one JSON document.
+machine's large-matmul GFLOP/s (2048^2 sgemm), measured here too, and the CPU's model and nominal
+fp32 peak (``cpu_fp32_peak``), with each loop's fraction of both. Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -51,6 +52,29 @@ def sgemm_gflops(dev: torch.device, n: int = 2048, reps: int = 10) -> float:
         a @ b
     _sync(dev)
     return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
+
+
+def cpu_fp32_peak() -> dict:
+    """The CPU's nominal fp32 peak: cores x clock x flops per cycle from its widest FMA (AVX-512:
+    16 lanes, AVX2: 8, x 2 for multiply-add, x 2 FMA units per core, assumed: the VM does not say
+    how many a core has), from /proc/cpuinfo. A nominal ceiling, not a measurement; the sgemm
+    figure beside it is what large matmuls reach here."""
+    import os
+
+    flags, mhz = set(), None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+            elif line.startswith("cpu MHz") and mhz is None:
+                mhz = float(line.split(":", 1)[1])
+    except OSError:
+        pass
+    lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 4
+    isa = {16: "avx512f", 8: "avx2+fma", 4: "sse"}[lanes]
+    cores = len(os.sched_getaffinity(0))
+    peak = None if mhz is None else cores * mhz / 1e3 * lanes * 2 * 2
+    return {"isa": isa, "cores": cores, "mhz": mhz, "fp32_peak_gflops_nominal": None if peak is None else round(peak, 1)}
 
 
 def _sync(dev):
@@ -211,6 +235,11 @@ def main() -> None:
         "rounds": a.repeats,
         "sgemm_2048_gflops": round(sgemm_gflops(dev), 1),
     }
+    if dev.type == "cpu":
+        from lenslab.training.runio import run_environment
+
+        out["cpu"] = run_environment(dev)["cpu"]
+        out |= cpu_fp32_peak()
     steppers = {"plain_tl": plain_tl_stepper(cfg, splits, dev)}
     flops = {}
     for E in sizes:
@@ -259,6 +288,11 @@ def main() -> None:
     out["best"] = best
     out["best_x_plain_tl"] = out[best]["x_plain_tl"]
     out["target_x_plain_tl"] = 3.0
+    for k in keys:  # how much of the machine the ensembles use: the sgemm rate and the nominal peak
+        out[k]["fraction_of_sgemm"] = round(out[k]["gflops"] / out["sgemm_2048_gflops"], 3)
+        if out.get("fp32_peak_gflops_nominal"):
+            out[k]["fraction_of_peak"] = round(out[k]["gflops"] / out["fp32_peak_gflops_nominal"], 3)
+    out["best_fraction_of_peak"] = out[best].get("fraction_of_peak")
     print(json.dumps(out, indent=2))
 
 

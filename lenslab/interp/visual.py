@@ -189,21 +189,36 @@ def circuitsvis_bundle_html() -> str:
 
 
 class AttentionView:
-    """A circuitsvis ``AttentionHeads`` view whose HTML never touches the network."""
+    """A circuitsvis ``AttentionHeads`` view whose HTML never touches the network.
+
+    In a notebook the first view's output carries the circuitsvis bundle (about 1.3 MB) and later
+    views reuse it, so each later output stays a few kB. Every view also carries a one-line note
+    that its script replaces once it has drawn: a static viewer (a code host, nbconvert without
+    JavaScript) shows the note instead of blank space, and a view whose page lost the bundle (the
+    first view's output was cleared) says how to get it back (``reset_bundle()``, then re-run).
+    """
 
     def __init__(self, attention: Tensor, tokens: list[str], head_names: list[str], title: str = ""):
         from circuitsvis.utils.convert_props import convert_props
 
         self.title = title
+        self.n_heads, self.n_tokens = len(head_names), len(tokens)
         self.props = convert_props({"attention": attention, "tokens": tokens, "attentionHeadNames": head_names})
+
+    def __repr__(self) -> str:
+        title = f"{self.title!r}, " if self.title else ""
+        return f"AttentionView({title}{self.n_heads} heads x {self.n_tokens} tokens)"
 
     def html(self) -> str:
         """The view alone (needs ``circuitsvis_bundle_html()`` earlier on the page)."""
         uid = "circuits-vis-" + uuid4().hex[:13]
         head = f"<h4>{self.title}</h4>" if self.title else ""
         return (
-            f'{head}<div id="{uid}" style="margin: 15px 0;"></div>\n'
-            f'<script>CircuitsVis.render("{uid}", CircuitsVis.AttentionHeads, {self.props});</script>'
+            f'{head}<p id="{uid}-note" style="color: #666; font-style: italic;">{STATIC_NOTE}</p>\n'
+            f'<div id="{uid}" style="margin: 15px 0;"></div>\n'
+            f'<script>(function () {{ var note = document.getElementById("{uid}-note");\n'
+            f'if (!window.CircuitsVis) {{ note.textContent = "{MISSING_NOTE}"; return; }}\n'
+            f'CircuitsVis.render("{uid}", CircuitsVis.AttentionHeads, {self.props}); note.remove(); }})();</script>'
         )
 
     def _repr_html_(self) -> str:
@@ -211,6 +226,22 @@ class AttentionView:
         bundle = "" if _BUNDLE_SHOWN else circuitsvis_bundle_html()
         _BUNDLE_SHOWN = True
         return bundle + self.html()
+
+
+STATIC_NOTE = (
+    "Interactive attention view (circuitsvis): it draws when the notebook runs in Jupyter or VS Code; "
+    "this viewer runs no JavaScript."
+)
+MISSING_NOTE = (
+    "The circuitsvis bundle is not on this page (the first view's output was cleared or not trusted): "
+    "run lenslab.interp.visual.reset_bundle(), then re-run this cell."
+)
+
+
+def reset_bundle() -> None:
+    """Make the next ``AttentionView`` output carry the circuitsvis bundle again (after clearing outputs)."""
+    global _BUNDLE_SHOWN
+    _BUNDLE_SHOWN = False
 
 
 def token_strings(tokens, n_values: int) -> list[str]:

@@ -153,3 +153,40 @@ def test_the_limits_line_reads_as_a_sentence():
         == "Limits: cross-split patching on 256 pairs, at most 2048 examples per split; evolution: 12 of 40 checkpoints; traps: robust mode."
     )
     assert "{" not in text
+
+
+def test_views_say_what_they_are_without_javascript(trained, splits):
+    from html.parser import HTMLParser
+
+    from lenslab.interp import visual
+
+    class Text(HTMLParser):  # what a viewer that runs no script shows: the text outside <script>
+        def __init__(self):
+            super().__init__()
+            self.parts, self.in_script = [], False
+
+        def handle_starttag(self, tag, attrs):
+            self.in_script |= tag == "script"
+
+        def handle_endtag(self, tag):
+            self.in_script &= tag != "script"
+
+        def handle_data(self, data):
+            if not self.in_script:
+                self.parts.append(data)
+
+    visual._BUNDLE_SHOWN = True
+    v = attention_view(trained, splits["validation_tokens"][0], 8, title="ex 0")
+    html = v._repr_html_()
+    t = Text()
+    t.feed(html)
+    shown = " ".join(" ".join(t.parts).split())
+    assert visual.STATIC_NOTE in shown and "ex 0" in shown
+    assert "if (!window.CircuitsVis)" in html and visual.MISSING_NOTE in html  # the script's fallback, not shown statically
+    assert "reset_bundle()" in visual.MISSING_NOTE
+    visual.reset_bundle()
+    assert "var CircuitsVis=" in v._repr_html_() and "var CircuitsVis=" not in v._repr_html_()
+    assert (
+        repr(v)
+        == f"AttentionView('ex 0', {trained.cfg.n_heads * trained.cfg.n_layers} heads x {splits['validation_tokens'].shape[1]} tokens)"
+    )
