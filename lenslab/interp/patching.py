@@ -567,12 +567,47 @@ def patch_grid(
     return patch_grids(model, source_tokens, receiver_tokens, a, b, (kind,), direction, max_batch)[kind]
 
 
+def _patching_inputs(model, val, cf, cf_labels, cf_shortcut):
+    """(model, validation tokens, counterfactual tokens, labels, shortcut) from a model or Run and tensors or Splits."""
+    from pathlib import Path
+
+    from lenslab.training.run import Run, Split
+
+    run = Run.open(model) if isinstance(model, (str, Path)) else model if isinstance(model, Run) else None
+    if run is not None:
+        model = run.model()
+        val = run.split("validation") if val is None else val
+        cf = run.split("counterfactual") if cf is None else cf
+    if isinstance(val, Split):
+        val = val.tokens
+    if isinstance(cf, Split):
+        cf_labels = cf.labels if cf_labels is None else cf_labels
+        cf_shortcut = cf.shortcut if cf_shortcut is None else cf_shortcut
+        cf = cf.tokens
+    missing = [
+        n
+        for n, v in (
+            ("validation_tokens", val),
+            ("counterfactual_tokens", cf),
+            ("counterfactual_labels", cf_labels),
+            ("counterfactual_shortcut", cf_shortcut),
+        )
+        if v is None
+    ]
+    if missing:
+        raise InterpError(
+            f"cross_split_patching: {', '.join(missing)} not given: pass a Run (its splits are used), "
+            "Splits (run.split('validation'), run.split('counterfactual')), or all four tensors"
+        )
+    return model, val, cf, cf_labels, cf_shortcut
+
+
 def cross_split_patching(
-    model: HookedTransformer,
-    validation_tokens: Int[Tensor, "pair pos"],
-    counterfactual_tokens: Int[Tensor, "pair pos"],
-    counterfactual_labels: Int[Tensor, " pair"],
-    counterfactual_shortcut: Int[Tensor, " pair"],
+    model,
+    validation_tokens: Int[Tensor, "pair pos"] | tuple | None = None,  # or a Split
+    counterfactual_tokens: Int[Tensor, "pair pos"] | tuple | None = None,  # or a Split
+    counterfactual_labels: Int[Tensor, " pair"] | None = None,
+    counterfactual_shortcut: Int[Tensor, " pair"] | None = None,
     kinds: tuple[str, ...] = GRID_KINDS,
     directions: tuple[str, ...] = DIRECTIONS,
     max_pairs: int | None = 256,
@@ -584,7 +619,16 @@ def cross_split_patching(
     Uses at most ``max_pairs`` pairs (a seeded subsample). ``a`` = counterfactual label,
     ``b`` = counterfactual shortcut (see the module docstring). One hooked forward caches both
     splits; the patched runs of all grids and directions are then batched together.
+
+    ``model`` is a ``HookedTransformer``, or a ``Run`` (or its path): then the model is its last
+    (or focused) checkpoint and the splits default to its validation and counterfactual splits,
+    so ``cross_split_patching(run)`` is the whole call. ``validation_tokens`` and
+    ``counterfactual_tokens`` may also be ``Split``s (``run.split(name)``); a counterfactual
+    ``Split`` brings its labels and shortcut.
     """
+    model, validation_tokens, counterfactual_tokens, counterfactual_labels, counterfactual_shortcut = _patching_inputs(
+        model, validation_tokens, counterfactual_tokens, counterfactual_labels, counterfactual_shortcut
+    )
     for d in directions:
         if d not in DIRECTIONS:
             raise InterpError(f"unknown direction {d!r}: choose from {list(DIRECTIONS)}")

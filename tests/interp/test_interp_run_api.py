@@ -117,3 +117,26 @@ def test_a_run_model_carries_its_task_for_the_analysis_functions(fake_run):
     bare = run.new_model()  # not loaded through the run: no task attached
     with pytest.raises(InterpError, match="pass n_values= and k="):
         weight_fingerprints(bare)
+
+
+def test_cross_split_patching_takes_a_run_or_its_splits(fake_run):
+    from lenslab.interp.common import InterpError
+    from lenslab.interp.patching import cross_split_patching
+
+    run = Run.open(fake_run)
+    model, val, cf = run.model(), run.split("validation"), run.split("counterfactual")
+    ref = cross_split_patching(model, val.tokens, cf.tokens, cf.labels, cf.shortcut, max_pairs=32)
+    for got in (
+        cross_split_patching(run, max_pairs=32),
+        cross_split_patching(str(fake_run), max_pairs=32),
+        cross_split_patching(model, val, cf, max_pairs=32),
+    ):
+        assert got.keys() == ref.keys()
+        for d in ref:
+            assert got[d].keys() == ref[d].keys()
+            for kind in ref[d]:
+                assert torch.equal(got[d][kind].values, ref[d][kind].values), (d, kind)
+    with pytest.raises(
+        InterpError, match="counterfactual_tokens, counterfactual_labels, counterfactual_shortcut not given: pass a Run"
+    ):
+        cross_split_patching(model, val.tokens)
