@@ -139,7 +139,11 @@ def output_shape(nb) -> dict[str, list]:
                 continue
             data = o.get("data", {})
             html = data.get("text/html", "")
-            heads = tuple(NUMBER.sub("#", h.strip()) for h in re.findall(r"<th[^>]*>(.*?)</th>", html, re.DOTALL)) if "<table" in html else ()
+            heads = (
+                tuple(NUMBER.sub("#", h.strip()) for h in re.findall(r"<th[^>]*>(.*?)</th>", html, re.DOTALL))
+                if "<table" in html
+                else ()
+            )
             outs.append((o.output_type, tuple(sorted(k for k in data if k != "image/png")), heads))
         # a repeated output (a loop) counts once; stdout and stderr interleave as they please
         shapes[c["id"]] = sorted(set(outs))
