@@ -2,13 +2,17 @@
 
 Plotly figures show inline in Jupyter through plotly's own ``_repr_html_``. circuitsvis
 normally probes the internet on every display and loads its JavaScript from unpkg;
-``AttentionView`` instead inlines the bundled ``circuitsvis/dist/cdn/iife.js`` — once per
-kernel in a notebook (``_repr_html_``), once per page in a report (``circuitsvis_bundle_html``).
+``AttentionView`` instead carries the bundled ``circuitsvis/dist/cdn/iife.js``: packed in every
+notebook output (``_repr_html_``), once per page in a report (``circuitsvis_bundle_html``).
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from uuid import uuid4
@@ -166,20 +170,65 @@ def head_evolution_heatmap(head_rows: list[dict], key: str, title: str) -> go.Fi
     return heatmap(z, epochs, heads, title, "epoch", "head", colorbar=key)
 
 
+# -- the notebook renderer ----------------------------------------------------------------
+NOTEBOOK_RENDERER = "plotly_mimetype+lenslab_notebook"
+_MATHJAX_CDN = re.compile(r'<script src="https://[^"]*mathjax[^"]*"></script>', re.IGNORECASE)
+
+
+def _offline_notebook_renderer():
+    from plotly.io.base_renderers import NotebookRenderer
+
+    class OfflineNotebookRenderer(NotebookRenderer):
+        """plotly's ``notebook`` renderer (plotly.js inlined in the first figure's cell) without the
+        MathJax ``<script src>`` from a CDN that plotly adds to every figure."""
+
+        def to_mimebundle(self, fig_dict):
+            bundle = super().to_mimebundle(fig_dict)
+            bundle["text/html"] = _MATHJAX_CDN.sub("", bundle["text/html"])
+            return bundle
+
+    return OfflineNotebookRenderer()
+
+
+def use_notebook_renderer() -> str:
+    """Show plotly figures in JupyterLab, Notebook 7, VS Code *and* nbconvert's HTML, offline; returns
+    the renderer now in use.
+
+    plotly's default in a Jupyter kernel (``plotly_mimetype``) draws in JupyterLab and VS Code but
+    leaves nbconvert's HTML blank. This sets ``plotly.io.renderers.default`` to
+    ``plotly_mimetype+lenslab_notebook``: each figure keeps its plotly JSON (what JupyterLab and VS
+    Code draw) and gains an HTML copy (what nbconvert and classic front ends draw), with plotly.js
+    inlined once in the first figure's cell, about 4.7 MB, and no CDN load. A renderer named in
+    ``PLOTLY_RENDERER`` wins and is left alone. Call it once, at the top of a notebook.
+    """
+    import plotly.io as pio
+
+    if os.environ.get("PLOTLY_RENDERER"):
+        return pio.renderers.default
+    if "lenslab_notebook" not in pio.renderers:
+        pio.renderers["lenslab_notebook"] = _offline_notebook_renderer()
+    pio.renderers.default = NOTEBOOK_RENDERER
+    return NOTEBOOK_RENDERER
+
+
 # -- circuitsvis, offline -------------------------------------------------------------------
 _BUNDLE: str | None = None
-_BUNDLE_SHOWN = False  # per kernel: has a notebook output already carried the bundle?
+_PACKED: str | None = None
+
+
+def _bundle_source() -> str:
+    """``circuitsvis/dist/cdn/iife.js`` as shipped in the wheel, its source-map comment removed."""
+    import circuitsvis
+
+    path = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
+    return path.read_text(encoding="utf-8").replace("//# sourceMappingURL=iife.js.map", "")
 
 
 def circuitsvis_js() -> str:
-    """The circuitsvis browser bundle shipped in the wheel (source-map comment removed)."""
+    """The circuitsvis browser bundle, safe inside an inline ``<script>`` (``</script>`` escaped)."""
     global _BUNDLE
     if _BUNDLE is None:
-        import circuitsvis
-
-        path = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
-        js = path.read_text(encoding="utf-8").replace("</script>", "<\\/script>")
-        _BUNDLE = js.replace("//# sourceMappingURL=iife.js.map", "")
+        _BUNDLE = _bundle_source().replace("</script>", "<\\/script>")
     return _BUNDLE
 
 
@@ -188,14 +237,44 @@ def circuitsvis_bundle_html() -> str:
     return f"<script>{circuitsvis_js()}</script>"
 
 
+def circuitsvis_packed() -> str:
+    """The bundle gzipped (level 9, no timestamp) and base64-encoded, for a notebook output to carry:
+    about a third of the bundle's size (see ``AttentionView``)."""
+    global _PACKED
+    if _PACKED is None:
+        _PACKED = base64.b64encode(gzip.compress(_bundle_source().encode("utf-8"), compresslevel=9, mtime=0)).decode("ascii")
+    return _PACKED
+
+
+# Runs in the page: defines window.CircuitsVis from a packed bundle, once per page (a promise that
+# later views share), with the browser's own gzip (DecompressionStream) and a classic <script>.
+_UNPACK_JS = """\
+function lenslabCircuitsVis(packed) {
+  if (window.CircuitsVis) return Promise.resolve();
+  if (!window.__lenslabCircuitsVis) {
+    var bytes = Uint8Array.from(atob(packed), function (c) { return c.charCodeAt(0); });
+    var text = new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"))).text();
+    window.__lenslabCircuitsVis = text.then(function (js) {
+      var s = document.createElement("script");
+      s.textContent = js;
+      document.head.appendChild(s);
+    });
+  }
+  return window.__lenslabCircuitsVis;
+}"""
+
+
 class AttentionView:
     """A circuitsvis ``AttentionHeads`` view whose HTML never touches the network.
 
-    In a notebook the first view's output carries the circuitsvis bundle (about 1.3 MB) and later
-    views reuse it, so each later output stays a few kB. Every view also carries a one-line note
-    that its script replaces once it has drawn: a static viewer (a code host, nbconvert without
-    JavaScript) shows the note instead of blank space, and a view whose page lost the bundle (the
-    first view's output was cleared) says how to get it back (``reset_bundle()``, then re-run).
+    In a notebook every view's output is self-contained: it carries the circuitsvis bundle
+    gzipped and base64-encoded (about 0.48 MB instead of the bundle's 1.3 MB; the browser
+    unpacks it with its own ``DecompressionStream``), and unpacks it only when no earlier output
+    on the page already did. So a view renders after any other output was cleared, in a notebook
+    reopened later, and in nbconvert's HTML. Every view also carries a one-line note that its
+    script replaces once it has drawn, so a static viewer (a code host, nbconvert without
+    JavaScript) shows the note instead of blank space. In a report, ``html()`` puts the plain
+    bundle once per page instead (``circuitsvis_bundle_html``).
     """
 
     def __init__(self, attention: Tensor, tokens: list[str], head_names: list[str], title: str = ""):
@@ -209,39 +288,38 @@ class AttentionView:
         title = f"{self.title!r}, " if self.title else ""
         return f"AttentionView({title}{self.n_heads} heads x {self.n_tokens} tokens)"
 
-    def html(self) -> str:
-        """The view alone (needs ``circuitsvis_bundle_html()`` earlier on the page)."""
+    def html(self, packed: bool = False) -> str:
+        """The view. ``packed=False``: needs ``circuitsvis_bundle_html()`` earlier on the page (a report);
+        ``packed=True``: carries the bundle itself (a notebook output, ``_repr_html_``)."""
         uid = "circuits-vis-" + uuid4().hex[:13]
         head = f"<h4>{self.title}</h4>" if self.title else ""
+        draw = f'CircuitsVis.render("{uid}", CircuitsVis.AttentionHeads, {self.props}); note.remove();'
+        if packed:
+            body = (
+                f"{_UNPACK_JS}\n"
+                f'if (!window.CircuitsVis && !window.DecompressionStream) {{ note.textContent = "{OLD_BROWSER_NOTE}"; return; }}\n'
+                f'lenslabCircuitsVis("{circuitsvis_packed()}").then(function () {{ {draw} }},\n'
+                f'  function (e) {{ note.textContent = "{UNPACK_FAILED_NOTE}" + e; }});'
+            )
+        else:
+            body = f'if (!window.CircuitsVis) {{ note.textContent = "{MISSING_NOTE}"; return; }}\n{draw}'
         return (
             f'{head}<p id="{uid}-note" style="color: #666; font-style: italic;">{STATIC_NOTE}</p>\n'
             f'<div id="{uid}" style="margin: 15px 0;"></div>\n'
-            f'<script>(function () {{ var note = document.getElementById("{uid}-note");\n'
-            f'if (!window.CircuitsVis) {{ note.textContent = "{MISSING_NOTE}"; return; }}\n'
-            f'CircuitsVis.render("{uid}", CircuitsVis.AttentionHeads, {self.props}); note.remove(); }})();</script>'
+            f'<script>(function () {{ var note = document.getElementById("{uid}-note");\n{body} }})();</script>'
         )
 
     def _repr_html_(self) -> str:
-        global _BUNDLE_SHOWN
-        bundle = "" if _BUNDLE_SHOWN else circuitsvis_bundle_html()
-        _BUNDLE_SHOWN = True
-        return bundle + self.html()
+        return self.html(packed=True)
 
 
 STATIC_NOTE = (
     "Interactive attention view (circuitsvis): it draws when the notebook runs in Jupyter or VS Code; "
     "this viewer runs no JavaScript."
 )
-MISSING_NOTE = (
-    "The circuitsvis bundle is not on this page (the first view's output was cleared or not trusted): "
-    "run lenslab.interp.visual.reset_bundle(), then re-run this cell."
-)
-
-
-def reset_bundle() -> None:
-    """Make the next ``AttentionView`` output carry the circuitsvis bundle again (after clearing outputs)."""
-    global _BUNDLE_SHOWN
-    _BUNDLE_SHOWN = False
+MISSING_NOTE = "The circuitsvis bundle is not on this page: put lenslab.interp.visual.circuitsvis_bundle_html() before the view."
+OLD_BROWSER_NOTE = "This browser has no DecompressionStream (Chrome 80, Firefox 113, Safari 16.4 and later do), so the attention view cannot unpack circuitsvis."
+UNPACK_FAILED_NOTE = "The attention view could not unpack circuitsvis: "
 
 
 def token_strings(tokens, n_values: int) -> list[str]:

@@ -55,14 +55,25 @@ def test_report_is_offline_and_inlines_bundles_once(tmp_path, trained, splits):
     assert "some &lt;text&gt; &amp; stuff" in html
 
 
-def test_notebook_repr_inlines_bundle_once_per_kernel(trained, splits):
+def test_every_notebook_view_carries_the_packed_bundle(trained, splits):
+    import base64
+    import gzip
+    from pathlib import Path
+
+    import circuitsvis
+
     from lenslab.interp import visual
 
-    visual._BUNDLE_SHOWN = False
     v = attention_view(trained, splits["validation_tokens"][0], 8)
     first, second = v._repr_html_(), AttentionView(v_attention(trained, splits), list("abcde"), ["h"])._repr_html_()
-    assert "var CircuitsVis=" in first and "var CircuitsVis=" not in second
-    assert resource_loads(first) == []
+    packed = visual.circuitsvis_packed()
+    assert packed in first and packed in second  # each output self-contained (issue 27 item 5)
+    assert "var CircuitsVis=" not in first  # ... packed, not the plain 1.3 MB bundle
+    shipped = (Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js").read_text(encoding="utf-8")
+    unpacked = gzip.decompress(base64.b64decode(packed)).decode("utf-8")
+    assert unpacked == shipped.replace("//# sourceMappingURL=iife.js.map", "")  # the wheel's bundle, byte for byte
+    assert len(first) < 0.4 * len(shipped)  # the size a view costs: gzip + base64, about 37 % of the bundle
+    assert resource_loads(first) == [] and resource_loads(second) == []
 
 
 def v_attention(trained, splits):
@@ -175,17 +186,14 @@ def test_views_say_what_they_are_without_javascript(trained, splits):
             if not self.in_script:
                 self.parts.append(data)
 
-    visual._BUNDLE_SHOWN = True
     v = attention_view(trained, splits["validation_tokens"][0], 8, title="ex 0")
     html = v._repr_html_()
     t = Text()
     t.feed(html)
     shown = " ".join(" ".join(t.parts).split())
     assert visual.STATIC_NOTE in shown and "ex 0" in shown
-    assert "if (!window.CircuitsVis)" in html and visual.MISSING_NOTE in html  # the script's fallback, not shown statically
-    assert "reset_bundle()" in visual.MISSING_NOTE
-    visual.reset_bundle()
-    assert "var CircuitsVis=" in v._repr_html_() and "var CircuitsVis=" not in v._repr_html_()
+    assert visual.OLD_BROWSER_NOTE in html and visual.UNPACK_FAILED_NOTE in html  # the script's fallbacks, not shown
+    assert visual.MISSING_NOTE in v.html() and visual.MISSING_NOTE not in html  # a report's view needs the page's bundle
     assert (
         repr(v)
         == f"AttentionView('ex 0', {trained.cfg.n_heads * trained.cfg.n_layers} heads x {splits['validation_tokens'].shape[1]} tokens)"
