@@ -72,7 +72,6 @@ import warnings
 from pathlib import Path
 
 import pandas as pd
-import plotly.io as pio
 import torch
 from IPython.display import display
 
@@ -88,11 +87,11 @@ from lenslab.training.config import mpsp_run_config
 from lenslab.training.run import Run
 from lenslab.training.trainer import train
 
-# The figure as JSON, drawn by the plotly extension that ships in the plotly wheel (JupyterLab,
-# Notebook 7, VS Code): nothing is fetched. plotly's "notebook" renderer would load MathJax from a CDN.
+# Each figure as its plotly JSON (what JupyterLab, Notebook 7 and VS Code draw) plus an HTML copy
+# with plotly.js inlined once (what nbconvert's HTML draws), nothing fetched: visual.use_notebook_renderer().
 # The committed copy was run with PLOTLY_RENDERER=plotly_mimetype+png, which adds a static PNG beside
 # each figure for viewers that run no JavaScript (python tutorials/build_notebooks.py --execute).
-pio.renderers.default = os.environ.get("PLOTLY_RENDERER", "plotly_mimetype")
+visual.use_notebook_renderer()
 RUNS = Path("runs") / "tutorial01" / MODE
 
 # %% [markdown]

@@ -84,7 +84,6 @@ from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
-import plotly.io as pio
 import torch
 from IPython.display import display
 from plotly.subplots import make_subplots
@@ -99,11 +98,11 @@ from lenslab.training.ensemble import train_ensemble
 from lenslab.training.outcomes import GROKKED, modadd_outcome
 from lenslab.training.run import Run
 
-# The figure as JSON, drawn by the plotly extension that ships in the plotly wheel (JupyterLab,
-# Notebook 7, VS Code): nothing is fetched. plotly's "notebook" renderer would load MathJax from a CDN.
+# Each figure as its plotly JSON (what JupyterLab, Notebook 7 and VS Code draw) plus an HTML copy
+# with plotly.js inlined once (what nbconvert's HTML draws), nothing fetched: visual.use_notebook_renderer().
 # The committed copy was run with PLOTLY_RENDERER=plotly_mimetype+png, which adds a static PNG beside
 # each figure for viewers that run no JavaScript (python tutorials/build_notebooks.py --execute).
-pio.renderers.default = os.environ.get("PLOTLY_RENDERER", "plotly_mimetype")
+visual.use_notebook_renderer()
 RUNS = Path("runs") / "tutorial02" / MODE
 MATRICES = [
     "embed.W_E",

@@ -12,9 +12,10 @@ from lenslab.interp.ablation import all_head_ablations, evaluate_ablations
 from lenslab.interp.fingerprints import weight_fingerprints
 from lenslab.interp.patching import cross_split_patching
 from lenslab.interp.spectral import alpha_table, trap_counts_over_run
-from lenslab.interp.visual import accuracy_figure, attention_view, patching_figure
+from lenslab.interp.visual import accuracy_figure, attention_view, patching_figure, use_notebook_renderer
 from lenslab.training.run import Run
 
+use_notebook_renderer()  # figures draw in JupyterLab, VS Code and nbconvert's HTML alike
 run = Run.open(os.environ.get("LENSLAB_RUN", "runs/demo"))
 run
 

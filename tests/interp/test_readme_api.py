@@ -8,7 +8,11 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def test_the_readme_analysis_block_runs(fake_run):
+def test_the_readme_analysis_block_runs(fake_run, monkeypatch):
+    import plotly.io as pio
+
+    monkeypatch.delenv("PLOTLY_RENDERER", raising=False)
+    monkeypatch.setattr(pio.renderers, "default", pio.renderers.default)  # restored after the block sets it
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
     block = next(b for b in blocks if 'run = Run.open("runs/r09")  # its repr' in b)
     scope: dict = {}
@@ -16,3 +20,4 @@ def test_the_readme_analysis_block_runs(fake_run):
     assert len(scope["abl"]) == 2 and scope["strings"][-1] == "READ"
     assert len(scope["alphas"]) > 0 and len(scope["traps"]) > 0 and scope["fig"].data
     assert "<" in scope["view"]._repr_html_()
+    assert pio.renderers.default == "plotly_mimetype+lenslab_notebook"
