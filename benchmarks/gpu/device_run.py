@@ -581,19 +581,41 @@ def maybe_compile(module, device, compile_fn=None, probe=None):
         return module, f"{COMPILE_FAILED} ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}); eager instead"
 
 
-class GraphStep:
-    """Forward + backward of a stack captured once as a CUDA graph; each step copies a new batch in and replays.
+def optimizer_snapshot(params, opt) -> tuple:
+    """Copies of the parameters and of ``opt``'s state: moments, and step counts (device tensors when resident)."""
+    state = list(params) + list(opt.exp_avg) + list(opt.exp_avg_sq) + ([opt._t] if opt.device_resident else [])
+    return [(t, t.detach().clone()) for t in state], (None if opt.device_resident else (opt, list(opt._steps)))
 
-    The optimizer step stays eager; on CUDA StackedAdamW is device-resident (no host copy or sync per step), so the
-    host queues it behind the replay.
+
+def restore_snapshot(snapshot: tuple) -> None:
+    """Put back, in place (the tensors a graph captured stay the same objects), what ``optimizer_snapshot`` copied."""
+    import torch
+
+    tensors, host_steps = snapshot
+    with torch.no_grad():
+        for t, saved in tensors:
+            t.copy_(saved)
+    if host_steps is not None:
+        opt, steps = host_steps
+        opt._steps[:] = steps
+
+
+class GraphStep:
+    """One training step of a stack captured once as a CUDA graph: forward + backward and, when ``opt`` is a
+    device-resident StackedAdamW, its update too; each step copies a new batch in and replays.
+
+    The warm-up runs on a side stream and changes the weights and the optimizer's state; both are put back before
+    the capture (capture records kernels and runs none), so the first replay sees the weights it was given. When
+    the optimizer cannot be captured, the capture is retried with forward + backward only and the optimizer runs
+    eagerly behind each replay (on CUDA it is device-resident, so it queues without a host copy or sync).
     ``GraphStep.make`` returns None with a reason off CUDA or when capture fails.
     """
 
-    def __init__(self, ens, tokens, labels, prec: str, device):
+    def __init__(self, ens, tokens, labels, prec: str, device, opt=None):
         import torch
         import torch.nn.functional as F
 
-        self.ens, self.tokens, self.labels = ens, tokens.clone(), labels.clone()
+        self.ens, self.tokens, self.labels, self.opt = ens, tokens.clone(), labels.clone(), opt
         params = list(ens.params)
         E = tokens.shape[0]
 
@@ -605,29 +627,48 @@ class GraphStep:
                     .view(E, -1)
                     .mean(1)
                 )
-                return (logits.detach(),) + tuple(torch.autograd.grad(loss.sum(), params))
+                out = (logits.detach(),) + tuple(torch.autograd.grad(loss.sum(), params))
+            if opt is not None:
+                opt.step(list(out[1:]))
+            return out
 
+        snapshot = optimizer_snapshot(params, opt) if opt is not None else None
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(3):
                 fwd_bwd()
         torch.cuda.current_stream().wait_stream(side)
+        if snapshot is not None:
+            restore_snapshot(snapshot)
+            torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             out = fwd_bwd()
         self.logits, self.grads = out[0], list(out[1:])
 
+    @property
+    def captures_optimizer(self) -> bool:
+        return self.opt is not None
+
     @classmethod
-    def make(cls, ens, tokens, labels, prec: str, device):
+    def make(cls, ens, tokens, labels, prec: str, device, opt=None):
+        """A captured step, and a note saying what it holds (or, with None, why there is none)."""
         if device.type != "cuda":
             return None, "CUDA graphs skipped: not on CUDA"
+        failed = ""
+        if opt is not None and getattr(opt, "device_resident", False):
+            try:
+                return cls(ens, tokens, labels, prec, device, opt), "CUDA graph of forward + backward + optimizer"
+            except Exception as e:  # noqa: BLE001 - fall back to forward + backward only
+                failed = f"; optimizer capture failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
         try:
-            return cls(ens, tokens, labels, prec, device), "CUDA graph of forward + backward, optimizer eager"
+            return cls(ens, tokens, labels, prec, device), "CUDA graph of forward + backward, optimizer eager" + failed
         except Exception as e:  # noqa: BLE001
-            return None, f"CUDA graph capture failed ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+            return None, f"CUDA graph capture failed ({type(e).__name__}: {str(e).splitlines()[0][:160]})" + failed
 
     def run(self, tokens, labels):
+        """Copy the batch in and replay; returns (logits, grads) of the weights before this step's update."""
         self.tokens.copy_(tokens)
         self.labels.copy_(labels)
         self.graph.replay()
@@ -765,17 +806,20 @@ def measure_item(
 
     fwd = ens
     if item.mode == "graph":
-        gs, note = GraphStep.make(ens, ct, cl, item.prec, dev)
+        gs, note = GraphStep.make(ens, ct, cl, item.prec, dev, opt)
         row["note"] = note
         if gs is None:
             return note
-        logits, grads = gs.run(ct, cl)
+        row["optimizer_in_graph"] = gs.captures_optimizer
+        logits, grads = gs.run(ct, cl)  # the weights the reference saw (a captured update runs after them)
         err = compare((logits, dict(zip(ens.names, [g.clone() for g in grads]))), cache["ref"])
 
         def step():
             idx = next_idx()
             bt = torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, tokens.shape[2]))
-            opt.step(gs.run(bt, torch.gather(labels, 1, idx))[1])
+            grads = gs.run(bt, torch.gather(labels, 1, idx))[1]
+            if not gs.captures_optimizer:
+                opt.step(grads)
     else:
         if item.mode == "compile":
 

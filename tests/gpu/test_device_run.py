@@ -169,6 +169,31 @@ def test_part_b_skips_an_e_after_it_ran_out_of_memory(tmp_path, monkeypatch):
     assert any(r["E"] == 4 and r.get("pass") for r in res["rows"])  # the next E still runs
 
 
+@pytest.mark.parametrize("resident", [True, False])
+def test_snapshot_undoes_the_warm_up_steps_of_a_captured_optimizer(resident):
+    """GraphStep warms up (3 full steps, optimizer included) and then restores: the first replay must be the
+    first step. On the CPU: 3 steps, restore, 1 step == 1 step of a fresh optimizer, bit for bit (a missed
+    moment or step count changes the update)."""
+    from lenslab.training.stacked_adamw import StackedAdamW
+
+    def fresh():
+        g = torch.Generator().manual_seed(0)
+        ps = [torch.randn(3, 4, 5, generator=g), torch.randn(3, 2, generator=g)]
+        return ps, StackedAdamW(ps, [1e-2, 3e-3, 1e-3], [0.1, 0.0, 1.0], (0.9, 0.999), device_resident=resident)
+
+    grads = [torch.full((3, 4, 5), 0.5), torch.full((3, 2), -2.0)]
+    ps, opt = fresh()
+    snap = dr.optimizer_snapshot(ps, opt)
+    for _ in range(3):
+        opt.step(grads)
+    dr.restore_snapshot(snap)
+    opt.step(grads)
+    ref_ps, ref = fresh()
+    ref.step(grads)
+    assert all(torch.equal(a, b) for a, b in zip(ps + opt.exp_avg + opt.exp_avg_sq, ref_ps + ref.exp_avg + ref.exp_avg_sq))
+    assert opt.steps == ref.steps == [1, 1, 1]
+
+
 def test_cuda_graph_path_declines_off_cuda():
     gs, why = dr.GraphStep.make(None, None, None, "fp32", CPU)
     assert gs is None and "not on CUDA" in why

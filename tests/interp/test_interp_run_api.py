@@ -95,6 +95,8 @@ def test_patch_grid_alpha_fit_and_trap_scan_reprs(fake_run):
     assert repr(fit).startswith(f"AlphaFit(alpha={fit.alpha:.4g} ± ") and "tail" in repr(fit)
     nan = fit_power_law(torch.ones(3, dtype=torch.float64))
     assert math.isnan(nan.alpha) and repr(nan).startswith("AlphaFit(alpha=nan: ")
+    assert "<table" in fit._repr_html_() and f"{fit.alpha:.4g} ± " in fit._repr_html_()
+    assert "α = NaN" in nan._repr_html_() and nan.reason.split()[0] in nan._repr_html_()
     scan = scan_path(fake_run, workers=1, progress=False)
     assert f"{len(scan.checkpoints)} checkpoints" in repr(scan) and "traps at the last" in repr(scan)
     assert "<pre>" in scan._repr_html_()

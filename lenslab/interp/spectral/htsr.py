@@ -79,6 +79,21 @@ class AlphaFit:
             f"{self.n_evals} eigenvalues, KS {self.ks_distance:.3g})"
         )
 
+    def _repr_html_(self) -> str:
+        """One row: α ± its standard error, xmin, the tail and the KS distance; or why α is NaN."""
+        import html
+
+        if math.isnan(self.alpha):
+            return f"<div><b>AlphaFit</b>: α = NaN, {html.escape(str(self.reason))} ({self.n_evals} eigenvalues)</div>"
+        cells = (
+            f"{self.alpha:.4g} ± {self.stderr:.2g}",
+            f"{self.xmin:.4g}",
+            f"{self.n_tail} of {self.n_evals}",
+            f"{self.ks_distance:.3g}",
+        )
+        head = "".join(f"<th>{h}</th>" for h in ("α", "xmin (WᵀW units)", "tail eigenvalues", "KS distance"))
+        return f"<table><tr>{head}</tr><tr>{''.join(f'<td>{c}</td>' for c in cells)}</tr></table>"
+
     def to_record(self) -> dict:
         return asdict(self)
 
