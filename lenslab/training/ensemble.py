@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm import tqdm
+from tqdm.auto import tqdm  # a widget in a notebook (ipywidgets, the notebook extra), text elsewhere
 
 from lenslab.training.config import check_train
 from lenslab.training.errors import ConfigError, TrainingDiverged

@@ -27,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tqdm import tqdm
+from tqdm.auto import tqdm  # a widget in a notebook (ipywidgets, the notebook extra), text elsewhere
 
 from lenslab.training.config import mpsp_run_config
 from lenslab.training.errors import ConfigError, RunError

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
+from tqdm.auto import tqdm  # a widget in a notebook (ipywidgets, the notebook extra), text elsewhere
 
 from lenslab.tasks import make_modadd_splits, make_mpsp_splits
 from lenslab.tasks.mnist import make_mnist_splits

@@ -3,6 +3,7 @@
 - A notebook's attention views are self-contained: each output carries the packed circuitsvis
   bundle, so a view draws when every other output on the page is gone (the first view's cell
   cleared), and two views on a page unpack it once.
+- lenslab's progress bars are ipywidgets in a notebook kernel (``tqdm.auto``).
 - ``use_notebook_renderer()`` makes a notebook's nbconvert HTML draw every plotly figure offline:
   the notebook is executed in a real kernel, one view's output is cleared, nbconvert exports it,
   and Chromium must find an SVG in every figure and a drawing in every remaining view. nbconvert's
@@ -72,6 +73,13 @@ AttentionView(torch.softmax(torch.randn(2, 5, 5), -1), ["3", "1", "4", "1", "REA
 
 # %%
 heatmap([[4, 3], [2, 1]], ["a", "b"], ["c", "d"], "second figure", "x", "y")
+
+# %%
+from lenslab.interp.spectral import scan
+from lenslab.training import ensemble, sweep, trainer
+
+for module in (trainer, ensemble, sweep, scan):
+    sum(module.tqdm(range(3)))
 """
 
 
@@ -92,6 +100,10 @@ def test_nbconvert_html_draws_every_figure_and_view_offline(browser, tmp_path, m
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert "cleared" in code[1].source
     code[1].outputs = []  # the first view's output cleared before the export
+    bars = [o for o in code[4].outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert len(bars) == 4, code[4].outputs  # each module's progress bar is a widget in a kernel, not stderr text
+    code[4].outputs = []  # a widget's export loads the widget manager from unpkg: not what this page tests
+    nb.metadata.pop("widgets", None)
 
     exporter = HTMLExporter()
     page = _page(tmp_path, "unused.html", "")

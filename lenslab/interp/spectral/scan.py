@@ -19,7 +19,7 @@ from typing import no_type_check
 
 import torch
 from safetensors import safe_open
-from tqdm import tqdm
+from tqdm.auto import tqdm  # a widget in a notebook (ipywidgets, the notebook extra), text elsewhere
 
 from lenslab.interp.spectral.adapter import MatrixRef, Skipped, plan_matrices, to_2d
 from lenslab.interp.spectral.errors import SpectralError
