@@ -23,26 +23,38 @@ STOP_BELOW = 0.8  # stop trying larger sizes once one runs below this share of t
 def _stepper(config: dict, E: int, device: torch.device) -> Callable[[], None]:
     from lenslab.training.config import torch_dtype
     from lenslab.training.ensemble import ensemble_step
+    from lenslab.training.objective import Objective
     from lenslab.training.presets import build_model
+    from lenslab.training.spec import is_mlp_config
     from lenslab.training.stacked import StackedTransformer
     from lenslab.training.stacked_adamw import StackedAdamW
+    from lenslab.training.stacked_mlp import StackedMLP
 
     t, m = config["train"], config["model"]
-    models = [build_model(m, seed=s, device=str(device), dtype=torch_dtype(t)) for s in range(E)]
-    ens = StackedTransformer.from_models(models).to(device)
+    dtype = torch_dtype(t)
+    models = [build_model(m, seed=s, device=str(device), dtype=dtype) for s in range(E)]
+    mlp = is_mlp_config(m)
+    ens = (StackedMLP if mlp else StackedTransformer).from_models(models).to(device)
     opt = StackedAdamW(list(ens.params), [t["lr"]] * E, [t["weight_decay"]] * E, tuple(t["betas"]))
     n = t["batch_size"] or _train_size(config)
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, m["d_vocab"], (E, n, m["n_ctx"]), generator=g).to(device)
-    labels = torch.randint(0, m["d_vocab_out"], (E, n), generator=g).to(device)
+    if mlp:  # pixels / 255 in [0, 1]
+        inputs = torch.rand(E, n, m["d_in"], generator=g).to(device=device, dtype=dtype)
+        labels = torch.randint(0, m["d_out"], (E, n), generator=g).to(device)
+    else:
+        inputs = torch.randint(0, m["d_vocab"], (E, n, m["n_ctx"]), generator=g).to(device)
+        labels = torch.randint(0, m["d_vocab_out"], (E, n), generator=g).to(device)
     idx = torch.arange(n, device=device).expand(E, n).contiguous()
-    return lambda: ensemble_step(ens, opt, tokens, labels, idx)
+    obj = Objective.of(config)
+    return lambda: ensemble_step(ens, opt, inputs, labels, idx, objective=obj)
 
 
 def _train_size(config: dict) -> int:
     task = config["task"]
     if task["name"] == "mpsp":
         return task["n_train"]
+    if task["name"] == "mnist":
+        return task["n_per_class"] * task["n_classes"]
     from lenslab.tasks import ModAddTask
 
     return ModAddTask(p=task["p"], train_frac=task["train_frac"]).n_train

@@ -6,7 +6,7 @@
 Members share the architecture, the dtype and the batch/epoch/evaluation schedule; they may
 differ in the model seed (init and data order), the task's ratio (MPSP) and data seed, the
 learning rate and the weight decay. Both tasks: MPSP (pre-LN) and modular addition (no
-LayerNorm, full batch). Members with different train-split sizes (modadd train fractions)
+LayerNorm, full batch), and paper 2's MNIST MLP (``training.stacked_mlp``, MSE or cross-entropy). Members with different train-split sizes (modadd train fractions)
 cannot share a stack: train them in separate ensembles. Member ``e`` does exactly what ``training.trainer.train(configs[e], outs[e])`` does: the
 same init (``build_model(seed)``), the same batches (``epoch_generator(seed, epoch)``), AdamW
 with the same update, the same evaluations, gradient probes, checkpoints, resume state and
@@ -34,13 +34,16 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm  # a widget in a notebook (ipywidgets, the notebook extra), text elsewhere
 
-from lenslab.training.config import check_train
+from lenslab.training.config import check_train, torch_dtype
 from lenslab.training.errors import ConfigError, TrainingDiverged
 from lenslab.training.gradients import gradient_dynamics
+from lenslab.training.objective import Objective
 from lenslab.training.presets import build_model
 from lenslab.training.runio import run_environment
+from lenslab.training.spec import is_mlp_config
 from lenslab.training.stacked import StackedTransformer, check_supported
 from lenslab.training.stacked_adamw import StackedAdamW
+from lenslab.training.stacked_mlp import StackedMLP
 from lenslab.training.trainer import (
     check_dtype_device,
     deterministic_algorithms,
@@ -82,7 +85,8 @@ def check_ensemble(configs: list[dict]) -> None:
                 "the ensemble engine starts every member from its seed's init; train a run with an 'init' (with_init, --init-from) on its own"
             )
     first = configs[0]
-    check_supported(first["model"])
+    if not is_mlp_config(first["model"]):
+        check_supported(first["model"])
     for i, c in enumerate(configs[1:], 1):
         if c["model"] != first["model"]:
             diff = sorted(k for k in set(c["model"]) | set(first["model"]) if c["model"].get(k) != first["model"].get(k))
@@ -103,24 +107,41 @@ def check_ensemble(configs: list[dict]) -> None:
 def ensemble_step(
     ens: Any,  # a StackedTransformer, or a wrapper with its call and .params (the GPU path's compiled engine)
     opt: StackedAdamW,
-    tokens: Int[Tensor, "E n pos"],
+    tokens: Int[Tensor, "E n pos"] | Float[Tensor, "E n d_in"],
     labels: Int[Tensor, "E n"],
     idx: Int[Tensor, "E batch"],
     active: list[bool] | None = None,
     grads_out: list[Tensor] | None = None,
+    objective: Objective | None = None,
 ) -> Float[Tensor, " E"]:
     """One AdamW step of every member on its own rows ``idx`` of its train split; returns the losses.
 
+    ``tokens``: token ids ``[E, n, pos]``, or an MLP's inputs ``[E, n, d_in]``. ``objective``: the
+    task's loss (default: cross-entropy; MSE on one-hot targets for an MNIST MLP so configured).
     ``grads_out``, a list, is refilled with this step's stacked gradients (for ``grad_norm``)."""
     batch = torch.gather(tokens, 1, idx[:, :, None].expand(-1, -1, tokens.shape[2]))
     y = torch.gather(labels, 1, idx)
     logits = ens(batch)
-    loss_e = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(idx.shape[0], -1).mean(1)
+    loss_e = member_losses(logits, y, objective)
     grads = list(torch.autograd.grad(loss_e.sum(), list(ens.params)))
     opt.step(grads, active)
     if grads_out is not None:
         grads_out[:] = grads
     return loss_e.detach()
+
+
+def member_losses(
+    logits: Float[Tensor, "E batch k"], labels: Int[Tensor, "E batch"], objective: Objective | None
+) -> Float[Tensor, " E"]:
+    """Each member's mean training loss, as ``Objective.loss`` computes it for one member."""
+    if objective is not None and objective.loss_name == "mse":
+        target = F.one_hot(labels, objective.n_classes).to(logits.dtype)
+        return (logits - target).square().flatten(1).mean(1)  # MSELoss's mean over batch and classes
+    return (
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+        .view(labels.shape[0], -1)
+        .mean(1)
+    )
 
 
 class _Member:
@@ -185,7 +206,8 @@ def train_ensemble(
             m.epoch = m.writer.start
             models.append(model)
             states.append(opt.state_dict()["state"])
-        ens = StackedTransformer.from_models(models).to(dev)
+        stack = StackedMLP if is_mlp_config(configs[0]["model"]) else StackedTransformer
+        ens = stack.from_models(models).to(dev)
         opt = StackedAdamW(
             list(ens.params),
             [m.config["train"]["lr"] for m in members],
@@ -198,16 +220,21 @@ def train_ensemble(
         return _loop(members, ens, opt, template, dev, progress, on_eval)
 
 
-def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, template, dev, progress, on_eval) -> list[dict]:
+def _loop(
+    members: list[_Member], ens: StackedTransformer | StackedMLP, opt: StackedAdamW, template, dev, progress, on_eval
+) -> list[dict]:
     t = members[0].config["train"]
     epochs, bs_cfg = t["epochs"], t["batch_size"]
     schedule = members[0].writer.schedule  # shared by all members (SHARED_TRAIN)
     last_grads: list[Tensor] = []  # the last step's stacked gradients, for each member's grad_norm
     E = len(members)
-    tokens = torch.stack([m.splits["train_tokens"] for m in members]).to(dev)  # [E, n, pos]
+    obj = Objective.of(members[0].config)
+    # [E, n, pos] token ids, or [E, n, d_in] an MLP's inputs (pixels / 255 in the run's dtype)
+    tokens = torch.stack([obj.inputs(m.splits, "train", dev, torch_dtype(t)) for m in members])
     labels = torch.stack([m.splits["train_labels"] for m in members]).to(dev)  # [E, n]
     n = tokens.shape[1]
     bs = bs_cfg or n
+    steps_per_epoch = -(-n // bs)
     dev_splits = [{k: v.to(dev) for k, v in m.splits.items()} for m in members]
     consistent = [
         (m.splits["train_labels"] == m.splits["train_shortcut"]).to(dev) if "train_shortcut" in m.splits else None
@@ -224,9 +251,11 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
         grads = [g[e] for g in last_grads] if last_grads else None
         row = {
             "epoch": m.epoch,
-            **evaluate(template, dev_splits[e], dev),
+            **evaluate(template, dev_splits[e], dev, obj),
             **norm_diagnostics(list(template.named_parameters()), grads),
         }
+        if obj.kind == "images":
+            row["step"] = m.epoch * steps_per_epoch
         if consistent[e] is not None:
             row.update(
                 gradient_dynamics(
@@ -261,7 +290,7 @@ def _loop(members: list[_Member], ens: StackedTransformer, opt: StackedAdamW, te
                 ).to(dev)
                 loss_sum = torch.zeros(E, device=dev, dtype=ens.params[0].dtype)
                 for s in range(0, n, bs):
-                    loss_sum += ensemble_step(ens, opt, tokens, labels, perm[:, s : s + bs], active, last_grads)
+                    loss_sum += ensemble_step(ens, opt, tokens, labels, perm[:, s : s + bs], active, last_grads, obj)
                 finite = torch.isfinite(loss_sum).tolist()
                 for e, m in enumerate(members):
                     if not active[e]:
