@@ -47,6 +47,7 @@ from lenslab.training.config import mnist_run_config
 from lenslab.training.objective import Objective
 from lenslab.training.presets import build_model
 from lenslab.training.runio import run_environment
+from lenslab.training.stacked_mlp import StackedMLP
 from lenslab.training.trainer import _optimizer, deterministic_algorithms, epoch_generator, make_splits, train
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -118,30 +119,11 @@ def trainer_stepper(cfg: dict, splits: dict, dtype_name: str):
     return step, model
 
 
-class StackedMLP(nn.Module):
-    """E MLPs in one: ``W_l [E, d_in, d_out]``, ``b_l [E, 1, d_out]``, forward by ``baddbmm``."""
-
-    def __init__(self, models: list[nn.Module]):
-        super().__init__()
-        layers = [list(m.layers) for m in models]
-        self.W = nn.ParameterList(nn.Parameter(torch.stack([ms[i].W.detach() for ms in layers])) for i in range(len(layers[0])))
-        self.b = nn.ParameterList(
-            nn.Parameter(torch.stack([ms[i].b.detach() for ms in layers])[:, None, :]) for i in range(len(layers[0]))
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [E, batch, d_in] -> [E, batch, d_out]
-        for i, (W, b) in enumerate(zip(self.W, self.b)):
-            x = torch.baddbmm(b, x, W)
-            if i < len(self.W) - 1:
-                x = torch.relu(x)
-        return x
-
-
 def stacked_stepper(cfg: dict, splits: dict, E: int, dtype_name: str, check: list):
     """E seeds stacked: each member its own init (build_model(seed=s)) and its own batch order."""
     t, dtype = cfg["train"], DTYPES[dtype_name]
     members = [build_model(cfg["model"], seed=s, device="cpu", dtype=dtype_name) for s in range(E)]
-    stack = StackedMLP(members)
+    stack = StackedMLP.from_models(members)  # lenslab's (training.stacked_mlp), as the ensemble trainer uses
     opt = torch.optim.AdamW(stack.parameters(), lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"])
     obj = Objective.of(cfg)
     x = obj.inputs(splits, "train", torch.device("cpu"), dtype)
