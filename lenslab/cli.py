@@ -18,6 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def cmd_inspect(a: argparse.Namespace) -> dict:
+    """``lenslab inspect``: write a run's inspection report; returns what the CLI prints."""
     from lenslab.report import write_inspection
     from lenslab.training.run import Run
 
@@ -34,6 +35,7 @@ def cmd_inspect(a: argparse.Namespace) -> dict:
 
 
 def cmd_traps(a: argparse.Namespace) -> dict:
+    """``lenslab traps``: correlation traps and HTSR alpha per matrix and checkpoint; returns the table and any unreadable files."""
     from lenslab.interp.spectral import format_traps_table, traps_command
 
     result = traps_command(
@@ -214,6 +216,7 @@ def _describe(summary: dict, out: Path) -> str:
 
 
 def cmd_train(a: argparse.Namespace) -> dict:
+    """``lenslab train``: one run, or ``--seeds`` on stacked weights; returns what the CLI prints (the summary or summaries)."""
     from lenslab.training.config import config_from_flags, default_run_dir, init_config, resume_config
     from lenslab.training.trainer import train
 
@@ -327,6 +330,7 @@ def _batch_size(text: str) -> int:
 
 
 def cmd_sweep(a: argparse.Namespace) -> dict:
+    """``lenslab sweep``: a resumable grid of cells × seeds; returns the outcome table."""
     from lenslab.training.sweep import plan_sweep, run_sweep
 
     if a.task == "modadd":
@@ -458,6 +462,7 @@ def _sweep_modadd(a: argparse.Namespace) -> dict:
 
 
 def cmd_demo(a: argparse.Namespace) -> dict:
+    """``lenslab demo``: train the small demo run (or reuse it) and write its report; returns the run, summary and report path."""
     from lenslab.training.config import mpsp_run_config
     from lenslab.training.trainer import train
 
@@ -488,6 +493,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``lenslab`` argument parser (every subcommand and option)."""
     parser = _Parser(prog="lenslab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{train,inspect,traps,sweep,demo}")
     sub.required = True
@@ -585,6 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``lenslab`` command: parse, run, print; returns the exit code (2 for bad input, one line on stderr)."""
     warnings.filterwarnings("ignore", message=".*HookedTransformer is deprecated.*")
     parser = build_parser()
     a = parser.parse_args(argv)

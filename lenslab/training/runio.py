@@ -73,6 +73,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically (a temporary file, then a rename)."""
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
@@ -157,6 +158,7 @@ def read_summary(run_dir: str | Path, strict: bool = True) -> dict | None:
 
 
 def rewrite_jsonl(path: str | Path, rows: list[dict]) -> None:
+    """Replace ``path`` atomically with ``rows``, one JSON object per line (NaN allowed)."""
     atomic_write_bytes(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in rows).encode())
 
 
@@ -282,10 +284,12 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
 
 
 def model_hash(model: dict) -> str:
+    """A short, stable hash of a ``config['model']`` block (its sorted JSON)."""
     return hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def file_sha256(path: str | Path) -> str:
+    """The sha256 hex digest of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -392,6 +392,7 @@ def is_mlp_config(model: Any) -> bool:
 
 
 def model_spec_from_dict(model: Any) -> ModelSpec | MLPSpec:
+    """The typed model block: ``MLPSpec`` for ``arch='mlp'``, else ``ModelSpec`` (HookedTransformerConfig kwargs)."""
     return MLPSpec.from_dict(model) if is_mlp_config(model) else ModelSpec.from_dict(model)
 
 

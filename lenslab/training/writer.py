@@ -150,6 +150,7 @@ def resume_state(model_state: dict[str, Tensor], opt_state: dict[int, dict]) -> 
 
 
 def save_resume(run_dir: Path, epoch: int, tensors: dict[str, Tensor]) -> None:
+    """Write the resume state (weights and optimizer moments) of ``epoch`` to ``checkpoints/resume.safetensors`` atomically."""
     atomic_save_safetensors(
         Path(run_dir) / "checkpoints" / "resume.safetensors", tensors, {"format": RESUME_FORMAT, "epoch": str(epoch)}
     )
