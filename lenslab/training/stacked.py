@@ -51,13 +51,13 @@ def check_supported(model_kwargs: dict) -> None:
             raise ConfigError(f"the ensemble engine does not implement {key}=True: train this model with the single-seed trainer")
 
 
-class StackedTransformer(nn.Module):
-    """E members with identical architecture; parameters ``[E, *tl_shape]`` under TL's names."""
+class StackedParams(nn.Module):
+    """The bookkeeping of E stacked members, shared by ``StackedTransformer`` and ``StackedMLP``: one
+    ``[E, *shape]`` parameter per named parameter of a template member, in its order and under its names,
+    and the member's other state-dict entries (buffers) kept from the template."""
 
-    def __init__(self, template: HookedTransformer, stacked: dict[str, Tensor]):
+    def __init__(self, template: nn.Module, stacked: dict[str, Tensor]):
         super().__init__()
-        cfg = template.cfg
-        self.cfg = cfg
         self.names = [n for n, _ in template.named_parameters()]
         missing = set(self.names) - set(stacked)
         if missing:
@@ -67,12 +67,10 @@ class StackedTransformer(nn.Module):
         self.params = nn.ParameterList([nn.Parameter(stacked[n].detach().clone()) for n in self.names])
         self._index = {n: i for i, n in enumerate(self.names)}
         self._buffers_template = {k: v.detach().clone() for k, v in template.state_dict().items() if k not in self._index}
-        self.ln = cfg.normalization_type == "LN"
-        self.eps = cfg.eps
-        self.attn_scale = cfg.attn_scale if cfg.use_attn_scale else 1.0
 
     @classmethod
-    def from_models(cls, models: list[HookedTransformer]) -> StackedTransformer:
+    def from_models(cls, models: list[nn.Module]):
+        """Stack ``models`` (one architecture) into one ``cls``; the first is the template."""
         if not models:
             raise ConfigError("an ensemble needs at least one member")
         names = [n for n, _ in models[0].named_parameters()]
@@ -80,19 +78,33 @@ class StackedTransformer(nn.Module):
         return cls(models[0], stacked)
 
     def p(self, name: str) -> Tensor:
+        """The stacked ``[E, *shape]`` parameter of a member's parameter ``name``."""
         return self.params[self._index[name]]
 
     def member_state_dict(self, e: int) -> dict[str, Tensor]:
-        """Member ``e`` as a ``HookedTransformer`` state dict (parameters copied, buffers included)."""
+        """Member ``e`` as its model's state dict (parameters copied, buffers included)."""
         out = {k: v.clone() for k, v in self._buffers_template.items()}
         for n, p in zip(self.names, self.params):
             out[n] = p[e].detach().clone()
         return out
 
     def load_member(self, e: int, state: dict[str, Tensor]) -> None:
+        """Overwrite member ``e``'s parameters with ``state``'s (a member state dict)."""
         with torch.no_grad():
             for n, p in zip(self.names, self.params):
                 p[e].copy_(state[n])
+
+
+class StackedTransformer(StackedParams):
+    """E members with identical architecture; parameters ``[E, *tl_shape]`` under TL's names."""
+
+    def __init__(self, template: HookedTransformer, stacked: dict[str, Tensor]):
+        super().__init__(template, stacked)
+        cfg = template.cfg
+        self.cfg = cfg
+        self.ln = cfg.normalization_type == "LN"
+        self.eps = cfg.eps
+        self.attn_scale = cfg.attn_scale if cfg.use_attn_scale else 1.0
 
     # --- the math ---------------------------------------------------------------------------
     def _norm(self, x: Tensor, prefix: str) -> Tensor:

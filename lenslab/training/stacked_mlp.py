@@ -13,49 +13,27 @@ from __future__ import annotations
 
 import torch
 from jaxtyping import Float
-from torch import Tensor, nn
+from torch import Tensor
 
 from lenslab.training.errors import ConfigError
 from lenslab.training.mlp import ACTIVATIONS, HookedMLP
+from lenslab.training.stacked import StackedParams
 
 
-class StackedMLP(nn.Module):
+class StackedMLP(StackedParams):
     """E members with one ``HookedMLP`` config; ``params[k]`` is ``[E, *shape]`` of the k-th named parameter."""
 
     def __init__(self, template: HookedMLP, stacked: dict[str, Tensor]):
-        super().__init__()
+        super().__init__(template, stacked)
         self.cfg = dict(template.cfg)
-        self.names = [n for n, _ in template.named_parameters()]
-        missing = set(self.names) - set(stacked)
-        if missing:
-            raise ConfigError(f"stacked parameters lack {sorted(missing)[:3]}")
-        self.n_members = next(iter(stacked.values())).shape[0]
-        self.params = nn.ParameterList([nn.Parameter(stacked[n].detach().clone()) for n in self.names])
-        self._index = {n: i for i, n in enumerate(self.names)}
         self.n_layers = len(template.layers)
         self.act = ACTIVATIONS[self.cfg["act_fn"]]
 
     @classmethod
     def from_models(cls, models: list[HookedMLP]) -> StackedMLP:
-        if not models:
-            raise ConfigError("an ensemble needs at least one member")
         if any(m.cfg != models[0].cfg for m in models[1:]):
             raise ConfigError("stacked MLP members must share one config (widths, layers, activation)")
-        names = [n for n, _ in models[0].named_parameters()]
-        stacked = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in names}
-        return cls(models[0], stacked)
-
-    def p(self, name: str) -> Tensor:
-        return self.params[self._index[name]]
-
-    def member_state_dict(self, e: int) -> dict[str, Tensor]:
-        """Member ``e`` as a ``HookedMLP`` state dict (parameters copied)."""
-        return {n: p[e].detach().clone() for n, p in zip(self.names, self.params)}
-
-    def load_member(self, e: int, state: dict[str, Tensor]) -> None:
-        with torch.no_grad():
-            for n, p in zip(self.names, self.params):
-                p[e].copy_(state[n])
+        return super().from_models(models)
 
     def forward(self, x: Float[Tensor, "E batch d_in"]) -> Float[Tensor, "E batch d_out"]:
         if x.dim() != 3 or x.shape[0] != self.n_members:
