@@ -12,6 +12,8 @@
 # - One process, one thread (the MNIST-MLP run has the other core), 4 seeds stacked.
 # - Outcomes by lenslab/training/outcomes.py, unchanged. The write-up reports the last round that
 #   every member of a cell pair finished.
+# CELLS picks which value counts run (default "12 16"); CELLS=16 skips the 12-value cells, e.g. on
+# a machine where their finished runs are gone but their tables are committed.
 # Resumable: run it again after a kill; each member continues from its last checkpoint. A round
 # that every member has already passed exits 2 ("already trained N epochs"), and is skipped.
 set -euo pipefail
@@ -20,5 +22,6 @@ export OMP_NUM_THREADS=1
 L="python -m lenslab.cli sweep --heads 2 --layers 2 --ratios 0.5,0.9 --seeds 0-3 --seq-len 6
    --eval-every 10 --workers 1 --ensemble-size 4 --no-progress"
 round() { $L --n-values "$1" --epochs "$2" --out "$RUNS/v$1" || [ $? -eq 2 ]; }
-for E in $(seq 200 200 2000); do round 12 "$E"; done
-for E in $(seq 400 200 2000); do round 16 "$E"; done
+CELLS=${CELLS:-12 16}
+case " $CELLS " in *" 12 "*) for E in $(seq 200 200 2000); do round 12 "$E"; done ;; esac
+case " $CELLS " in *" 16 "*) for E in $(seq 400 200 2000); do round 16 "$E"; done ;; esac
