@@ -55,26 +55,44 @@ def sgemm_gflops(dev: torch.device, n: int = 2048, reps: int = 10) -> float:
 
 
 def cpu_fp32_peak() -> dict:
-    """The CPU's nominal fp32 peak: cores x clock x flops per cycle from its widest FMA (AVX-512:
-    16 lanes, AVX2: 8, x 2 for multiply-add, x 2 FMA units per core, assumed: the VM does not say
-    how many a core has), from /proc/cpuinfo. A nominal ceiling, not a measurement; the sgemm
-    figure beside it is what large matmuls reach here."""
+    """The CPU's nominal fp32 peak: cores x clock x flops per cycle from its widest FMA datapath
+    (512-bit: 16 fp32 lanes, 256-bit: 8, x 2 for multiply-add, x 2 FMA units per core, assumed: the
+    VM does not say how many a core has), from /proc/cpuinfo. AMD's Zen 4 (family 25) runs AVX-512
+    on 256-bit datapaths, so it counts 8 lanes although it reports ``avx512f``. A nominal ceiling,
+    not a measurement; the sgemm figure beside it is what large matmuls reach here."""
     import os
 
-    flags, mhz = set(), None
+    flags, mhz, vendor, family = set(), None, None, None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-            elif line.startswith("cpu MHz") and mhz is None:
-                mhz = float(line.split(":", 1)[1])
-    except OSError:
+            key, _, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if key == "flags" and not flags:
+                flags = set(value.split())
+            elif key == "cpu MHz" and mhz is None:
+                mhz = float(value)
+            elif key == "vendor_id" and vendor is None:
+                vendor = value
+            elif key == "cpu family" and family is None:
+                family = int(value)
+    except (OSError, ValueError):
         pass
-    lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 4
-    isa = {16: "avx512f", 8: "avx2+fma", 4: "sse"}[lanes]
+    isa = "avx512f" if "avx512f" in flags else "avx2+fma" if {"avx2", "fma"} <= flags else "sse"
+    bits = {"avx512f": 512, "avx2+fma": 256, "sse": 128}[isa]
+    if isa == "avx512f" and vendor == "AuthenticAMD" and family is not None and family < 26:
+        bits = 256  # Zen 4 splits each 512-bit operation into two 256-bit halves
+    lanes = bits // 32
     cores = len(os.sched_getaffinity(0))
     peak = None if mhz is None else cores * mhz / 1e3 * lanes * 2 * 2
-    return {"isa": isa, "cores": cores, "mhz": mhz, "fp32_peak_gflops_nominal": None if peak is None else round(peak, 1)}
+    return {
+        "isa": isa,
+        "vendor": vendor,
+        "cpu_family": family,
+        "fma_datapath_bits": bits,
+        "cores": cores,
+        "mhz": mhz,
+        "fp32_peak_gflops_nominal": None if peak is None else round(peak, 1),
+    }
 
 
 def _sync(dev):
