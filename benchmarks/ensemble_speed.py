@@ -54,7 +54,7 @@ def sgemm_gflops(dev: torch.device, n: int = 2048, reps: int = 10) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
 
 
-def cpu_fp32_peak() -> dict:
+def cpu_fp32_peak(cpuinfo: str | None = None, cores: int | None = None) -> dict:
     """The CPU's nominal fp32 peak: cores x clock x flops per cycle from its widest FMA datapath
     (512-bit: 16 fp32 lanes, 256-bit: 8, x 2 for multiply-add, x 2 FMA units per core, assumed: the
     VM does not say how many a core has), from /proc/cpuinfo. AMD's Zen 4 (family 25) runs AVX-512
@@ -64,7 +64,9 @@ def cpu_fp32_peak() -> dict:
 
     flags, mhz, vendor, family = set(), None, None, None
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if cpuinfo is None:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        for line in cpuinfo.splitlines():
             key, _, value = line.partition(":")
             key, value = key.strip(), value.strip()
             if key == "flags" and not flags:
@@ -82,7 +84,7 @@ def cpu_fp32_peak() -> dict:
     if isa == "avx512f" and vendor == "AuthenticAMD" and family is not None and family < 26:
         bits = 256  # Zen 4 splits each 512-bit operation into two 256-bit halves
     lanes = bits // 32
-    cores = len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
     peak = None if mhz is None else cores * mhz / 1e3 * lanes * 2 * 2
     return {
         "isa": isa,
