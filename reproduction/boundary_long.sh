@@ -9,7 +9,9 @@
 #   200, the rest memorized), then the 16-value cells. Each cell pair advances in rounds of 200
 #   epochs (r = 0.5 then r = 0.9 within a round), so that when the CPU time runs out both r stand
 #   at the same epoch.
-# - One process, one thread (the MNIST-MLP run has the other core), 4 seeds stacked.
+# - One process, one thread (the MNIST-MLP run has the other core), 4 seeds stacked. WORKERS=2 runs
+#   the two r of a round side by side, one thread each, when no MNIST run needs the other core:
+#   a speed knob only, since each member's numbers do not depend on which process steps it.
 # - Outcomes by lenslab/training/outcomes.py, unchanged. The write-up reports the last round that
 #   every member of a cell pair finished.
 # CELLS picks which value counts run (default "12 16"); CELLS=16 skips the 12-value cells, e.g. on
@@ -20,7 +22,7 @@ set -euo pipefail
 RUNS=${RUNS:-$HOME/lenslab-runs/boundary}
 export OMP_NUM_THREADS=1
 L="python -m lenslab.cli sweep --heads 2 --layers 2 --ratios 0.5,0.9 --seeds 0-3 --seq-len 6
-   --eval-every 10 --workers 1 --ensemble-size 4 --no-progress"
+   --eval-every 10 --workers ${WORKERS:-1} --ensemble-size 4 --no-progress"
 round() { $L --n-values "$1" --epochs "$2" --out "$RUNS/v$1" || [ $? -eq 2 ]; }
 CELLS=${CELLS:-12 16}
 case " $CELLS " in *" 12 "*) for E in $(seq 200 200 2000); do round 12 "$E"; done ;; esac
