@@ -166,8 +166,12 @@ def train_ensemble(
     progress: bool = True,
     device: str | None = None,
     on_eval: Callable[[int, dict], None] | None = None,
+    step: Callable[..., Tensor] | None = None,
 ) -> list[dict]:
     """Train every ``configs[e]`` into ``outs[e]`` in one stacked model; returns the summaries.
+
+    ``step`` replaces ``ensemble_step`` (same arguments, same return): a caller's way to run the
+    identical update differently, e.g. captured as one CUDA graph (``benchmarks/gpu``'s part f).
 
     ``resume=True`` continues existing members (each from its own resume state) and starts
     missing ones. Ctrl-C saves every member and raises ``training.trainer.Interrupted``. A
@@ -217,11 +221,18 @@ def train_ensemble(
         for e, state in enumerate(states):
             opt.load_member_state(e, state)
         template = models[0]
-        return _loop(members, ens, opt, template, dev, progress, on_eval)
+        return _loop(members, ens, opt, template, dev, progress, on_eval, step or ensemble_step)
 
 
 def _loop(
-    members: list[_Member], ens: StackedTransformer | StackedMLP, opt: StackedAdamW, template, dev, progress, on_eval
+    members: list[_Member],
+    ens: StackedTransformer | StackedMLP,
+    opt: StackedAdamW,
+    template,
+    dev,
+    progress,
+    on_eval,
+    step: Callable[..., Tensor] = ensemble_step,
 ) -> list[dict]:
     t = members[0].config["train"]
     epochs, bs_cfg = t["epochs"], t["batch_size"]
@@ -290,7 +301,7 @@ def _loop(
                 ).to(dev)
                 loss_sum = torch.zeros(E, device=dev, dtype=ens.params[0].dtype)
                 for s in range(0, n, bs):
-                    loss_sum += ensemble_step(ens, opt, tokens, labels, perm[:, s : s + bs], active, last_grads, obj)
+                    loss_sum += step(ens, opt, tokens, labels, perm[:, s : s + bs], active, last_grads, obj)
                 finite = torch.isfinite(loss_sum).tolist()
                 for e, m in enumerate(members):
                     if not active[e]:

@@ -77,3 +77,24 @@ def test_seeds_of_the_mlp_train_stacked_with_a_measured_size(tmp_path):
     summaries = train_seeds(cfgs, outs, ensemble_size=None, progress=False, log=said.append)
     assert len(summaries) == 2 and said[0].startswith("ensemble size: E=1 ")
     assert [Run.open(o).epochs()[-1] for o in outs] == [1, 1]
+
+
+def test_a_given_step_function_runs_every_update(tmp_path):
+    """``train_ensemble(step=...)`` hands each update to the caller's function (the GPU's graph-captured step
+    uses it); one that delegates to ``ensemble_step`` gives the default run's weights exactly."""
+    from lenslab.training.ensemble import ensemble_step
+
+    calls = []
+
+    def counting(*args):
+        calls.append(args[4].shape)  # idx: [E, batch]
+        return ensemble_step(*args)
+
+    cfgs = [_cfg(0), _cfg(1)]
+    train_ensemble(cfgs, [tmp_path / "a0", tmp_path / "a1"], progress=False)
+    train_ensemble(cfgs, [tmp_path / "b0", tmp_path / "b1"], progress=False, step=counting)
+    assert calls == [torch.Size([2, 8]), torch.Size([2, 8]), torch.Size([2, 2])] * 3  # 18 images, batches of 8
+    for i in range(2):
+        a, b = Run.open(tmp_path / f"a{i}").model().state_dict(), Run.open(tmp_path / f"b{i}").model().state_dict()
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
