@@ -2,6 +2,10 @@
 
     .venv/bin/python reproduction/boundary_long.py ~/lenslab-runs/boundary reproduction/results/boundary_long
 
+(2026-12-07: the 12-value runs are gone with the machine they ran on, and their tables stay in
+``results/boundary_long``; the 16-value cells, rerun from nothing on another machine, are read into
+``results/boundary_long_v16`` from a root holding only ``v16/``.)
+
 Reads the sweep folders that ``reproduction/boundary_long.sh`` writes (``v12/``, ``v16/``) and
 judges every run at its cell pair's **horizon**: the last round (a multiple of 200 epochs) that
 every member of both r reached, so that r = 0.5 and r = 0.9 are read at the same epoch even when
@@ -43,7 +47,16 @@ def members(sweep: Path) -> list[dict]:
     for m in plan["members"]:
         run = Run.open(sweep / m["out"])
         if run.metrics:
-            out.append({"run": run, "seed": m["seed"], "ratio": run.config["task"]["ratio"], "cell": Path(m["out"]).parent.name})
+            task = run.config["task"]
+            out.append(
+                {
+                    "run": run,
+                    "seed": m["seed"],
+                    "ratio": task["ratio"],
+                    "n_values": task["n_values"],
+                    "cell": Path(m["out"]).parent.name,
+                }
+            )
     return out
 
 
@@ -55,7 +68,7 @@ def horizon(ms: list[dict]) -> int:
 def judge(ms: list[dict], until: int) -> list[dict]:
     rows = []
     for m in ms:
-        row = {"cell": m["cell"], "ratio": m["ratio"], "seed": m["seed"], "horizon": until}
+        row = {"n_values": m["n_values"], "cell": m["cell"], "ratio": m["ratio"], "seed": m["seed"], "horizon": until}
         row |= run_outcome(m["run"], until=until)
         row["epochs_reached"] = m["run"].metrics[-1]["epoch"]
         for e in range(ROUND, until, ROUND):
@@ -66,8 +79,8 @@ def judge(ms: list[dict], until: int) -> list[dict]:
 
 def cell_rows(runs: list[dict]) -> list[dict]:
     cells = []
-    for cell in sorted({r["cell"] for r in runs}):
-        rs = [r for r in runs if r["cell"] == cell]
+    for values, cell in sorted({(r["n_values"], r["cell"]) for r in runs}):  # a cell name omits n_values
+        rs = [r for r in runs if r["cell"] == cell and r["n_values"] == values]
         gen = [r for r in rs if r["generalized"]]
         lo, hi = wilson(len(gen), len(rs))
         earlier = [k for k in rs[0] if k.startswith("outcome_at_")]
@@ -76,6 +89,7 @@ def cell_rows(runs: list[dict]) -> list[dict]:
         lags = [r["fit_to_generalized"] for r in gen if r["fit_to_generalized"] is not None]
         cells.append(
             {
+                "n_values": values,
                 "cell": cell,
                 "ratio": rs[0]["ratio"],
                 "horizon": rs[0]["horizon"],
@@ -177,7 +191,7 @@ def main(root_dir: str, out_dir: str) -> None:
     for c in cells:
         fails = ", ".join(f"{c[f'failed_{o}']} {o}" for o in FAILURES if c[f"failed_{o}"])
         print(
-            f"{c['cell']:<28} @{c['horizon']:>5}  {c['generalized']}/{c['runs']} [{c['wilson_low']:.2f}, {c['wilson_high']:.2f}]"
+            f"{c['n_values']:>2} values {c['cell']:<24} @{c['horizon']:>5}  {c['generalized']}/{c['runs']} [{c['wilson_low']:.2f}, {c['wilson_high']:.2f}]"
             f"  escaped {c['escaped_memorization']}  moving {c['still_moving']}  lags {c['fit_to_generalized']}  {fails}"
         )
 
