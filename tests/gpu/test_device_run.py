@@ -7,6 +7,7 @@ import itertools
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -583,6 +584,13 @@ def test_part_f_tiny_on_cpu(tmp_path, capsys):
         assert r["checkpoint_dtype"] == "torch.float64" and r["traps"] and r["metrics"][-1]["step"] == f["steps"]
         assert {row["matrix"] for row in r["traps"]} >= {"layers.0.W", "layers.1.W"} and all("alpha" in row for row in r["traps"])
     assert _files_ok(out) == ["log.txt", "paper2.html", "paper2.json", "paper2_runs.tar", "run.json"]
+    sys.path.insert(0, str(REPO))
+    from reproduction.gpu_mlp_report import report  # what a session runs on the files that come back
+
+    rows = report(out / "paper2.json", tmp_path / "report")
+    assert [(r["weight_decay"], r["seed"], r["steps"]) for r in rows] == [
+        (wd, 0, f["steps"]) for wd in dr.PAPER2_MLP["weight_decays"]
+    ]
 
 
 def test_parts_d_and_f_share_the_paper2_files(tmp_path, capsys):

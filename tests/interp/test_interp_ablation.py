@@ -96,7 +96,9 @@ def test_batched_equals_one_forward_per_ablation(trained, splits):
         assert row["acc_v"] == pytest.approx(float((logits.argmax(-1) == labels).float().mean()))
         # batched ablation vs one run_with_hooks forward: another batch shape, so other BLAS blocking; float32
         # logits of O(1-10) agree to a few ulps (~1e-6) on any CPU, their mean as well
-        assert row["logit_diff_v"] == pytest.approx(float(label_vs_shortcut_diff(logits, labels, shortcut).mean()), abs=1e-5)
+        assert row["logit_diff_v"] == pytest.approx(
+            float(label_vs_shortcut_diff(logits, labels, shortcut).mean().detach()), abs=1e-5
+        )
 
 
 def test_out_of_range_targets_name_the_valid_range(trained, splits):
