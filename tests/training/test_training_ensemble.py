@@ -197,12 +197,22 @@ def test_interrupt_and_resume_is_bitwise_identical_and_mixed_start_epochs(tmp_pa
     _close_weights(Run.open(straight[1]), Run.open(mixed[1]), atol=1e-5)
 
 
-def test_member_is_bitwise_independent_of_ensemble_size_and_position(tmp_path):
+@pytest.fixture
+def one_torch_thread():
+    """torch at one thread for the test, whatever OMP_NUM_THREADS says; the caller's count restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_member_is_bitwise_independent_of_ensemble_size_and_position(tmp_path, one_torch_thread):
     """Seed 5 trained alone (E=1) and as member 2 of E=4 (neighbours differ in seed, r and weight
     decay): every checkpoint, the resume state and metrics.jsonl are byte-for-byte the same. A
-    2L2H model, so both the full and the readout-only block are covered. At one torch thread, as
-    ``make test`` and CI run it: with two, this CPU's kernels split E=1 and E=4 work differently and
-    the bytes differ (seen 2026-12-07, Intel Xeon AVX-512), which no reproducibility claim here covers."""
+    2L2H model, so both the full and the readout-only block are covered. At one torch thread (the
+    fixture sets it; ``make test`` and CI run at one anyway): with two, the kernels
+    split E=1 and E=4 work differently and the bytes differ (seen 2026-12-07, Intel Xeon AVX-512),
+    which no reproducibility claim here covers."""
     from lenslab.training.config import mpsp_run_config
 
     def cfg(seed, ratio=0.9, wd=0.1):
