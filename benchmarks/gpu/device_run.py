@@ -1849,6 +1849,12 @@ def closing_table(doc: dict) -> str:
                 f"  e: alpha on {r.get('n_matrices')} matrices {r.get('speedup_vs_ww_svd')}x WeightWatcher's SVD, "
                 f"{'agrees' if r.get('agree') else 'DISAGREES'} with the CPU"
             )
+        elif p == "f":
+            eng = r.get("engine") or {}
+            lines.append(
+                f"  f: {r.get('members')} MLP members, {r.get('steps', 0):,} steps at {r.get('stack_steps_per_s', 0):.0f} steps/s "
+                f"({eng.get('step', '-')})"
+            )
         else:
             lines.append(f"  {p}: done")
     lines.append(f"  files: {', '.join(doc.get('files', []))}; exit {doc.get('exit_code')}")

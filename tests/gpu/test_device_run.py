@@ -575,6 +575,8 @@ def test_part_f_tiny_on_cpu(tmp_path, capsys):
     assert list(doc) == ["mlp"]  # no part d: only part f's key
     f = doc["mlp"]
     t = dr.TINY["mlp"]
+    log = (out / "log.txt").read_text()  # the closing table
+    assert f"f: 2 MLP members, {t['target_steps']:,} steps at " in log and "(eager: not on CUDA)" in log
     assert f["steps"] == t["target_steps"] and f["epochs"] * f["steps_per_epoch"] == f["steps"]
     assert f["engine"] == {"step": "eager: not on CUDA", "replays": 0, "eager_steps": t["target_steps"]}
     assert [(r["weight_decay"], r["seed"]) for r in f["runs"]] == [
