@@ -135,7 +135,10 @@ def member_losses(
 ) -> Float[Tensor, " E"]:
     """Each member's mean training loss, as ``Objective.loss`` computes it for one member."""
     if objective is not None and objective.loss_name == "mse":
-        target = F.one_hot(labels, objective.n_classes).to(logits.dtype)
+        # one-hot by comparison, not F.one_hot: the same exact 0/1 values, with no scatter, so no
+        # deterministic-mode question and nothing that a CUDA graph capture could trip on
+        classes = torch.arange(objective.n_classes, device=labels.device)
+        target = (labels[..., None] == classes).to(logits.dtype)
         return (logits - target).square().flatten(1).mean(1)  # MSELoss's mean over batch and classes
     return (
         F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
