@@ -1174,7 +1174,6 @@ def nice_floor(x: float) -> int:
 
 
 def part_d(ctx: Ctx, allow_s: float) -> dict:
-    from lenslab.training.run import Run
 
     budget = ctx.budget.sub(allow_s)
     p2 = {**PAPER2, **TINY["paper2"]} if ctx.tiny else {**PAPER2, "cal_steps": 400}
@@ -1247,39 +1246,65 @@ def part_d(ctx: Ctx, allow_s: float) -> dict:
     def save_paper2():  # after training, then after each member's traps: a cut part d still returns its runs' numbers
         (ctx.out.folder / "paper2.json").write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
 
-    members = []
-    for wd, out in zip(wds, outs):
-        run = Run.open(out)
-        ckpts = run.epochs()
-        members.append(
-            {
-                "weight_decay": wd,
-                "summary": run.summary,
-                "metrics": run.metrics,
-                "checkpoints": ckpts,
-                "checkpoint_dtype": _checkpoint_dtype(out, ckpts),
-                "traps": None,  # filled in below; None in paper2.json means the traps were not reached
-            }
-        )
+    members = [member_record(out, weight_decay=wd) for wd, out in zip(wds, outs)]
     result["members"] = members
     ctx.runs["d"] = {"members": members, "outs": outs}
     save_paper2()
+    traps_for_members(
+        members,
+        outs,
+        budget,
+        trap_s,
+        trap_workers,
+        save_paper2,
+        pack_reserve,
+        lambda m, line: ctx.out.log(f"d: wd={m['weight_decay']:g}: {line}"),
+    )
+    figure_and_pack(result, members, outs, ctx.out.folder)
+    return {k: v for k, v in result.items() if k != "members"} | {"members_in": "paper2.json"}
+
+
+def member_record(out: Path, **keys) -> dict:
+    """One trained member for paper2.json: ``keys`` (its arm), summary, every evaluation, checkpoints, and
+    ``traps`` None until ``traps_for_members`` fills it in (None in paper2.json: the traps were not reached)."""
+    from lenslab.training.run import Run
+
+    run = Run.open(out)
+    ckpts = run.epochs()
+    return {
+        **keys,
+        "summary": run.summary,
+        "metrics": run.metrics,
+        "checkpoints": ckpts,
+        "checkpoint_dtype": _checkpoint_dtype(out, ckpts),
+        "traps": None,
+    }
+
+
+def traps_for_members(members, outs, budget, trap_s, workers, save, reserve_s, log, cap: int | None = None) -> None:
+    """Traps per member, as many checkpoints each (first and last at least, at most ``cap``) as the budget holds for
+    the members left; ``save`` after each member, so a cut part keeps what was scanned."""
     for i, (member, out) in enumerate(zip(members, outs)):
-        left = budget.remaining() - pack_reserve
-        k = max(2, min(len(member["checkpoints"]), int(left / max(trap_s * (len(wds) - i), 1e-3))))  # first and last at least
-        member["traps"] = traps = traps_over_run(out, k, trap_workers)
-        save_paper2()
+        left = budget.remaining() - reserve_s
+        fit = int(left / max(trap_s * (len(members) - i), 1e-3))
+        k = max(2, min(len(member["checkpoints"]), fit, cap or fit))
+        member["traps"] = traps = traps_over_run(out, k, workers)
+        save()
         final = member["metrics"][-1] if member["metrics"] else {}
-        ctx.out.log(
-            f"d: wd={member['weight_decay']:g}: final train acc {final.get('train_acc')}, test acc {final.get('test_acc')}; "
-            f"traps at {len({r['epoch'] for r in traps})} checkpoints"
+        log(
+            member,
+            f"final train acc {final.get('train_acc')}, test acc {final.get('test_acc')}; "
+            f"traps at {len({r['epoch'] for r in traps})} checkpoints",
         )
+
+
+def figure_and_pack(result: dict, figures: list[dict], outs: list[Path], folder: Path, base: Path | None = None) -> None:
+    """paper2.html from ``figures`` (a failed figure is recorded, never fatal) and paper2_runs.tar from ``outs``."""
     try:
-        write_paper2_figure(members, ctx.out.folder / "paper2.html")
+        write_paper2_figure(figures, folder / "paper2.html")
     except Exception as e:  # noqa: BLE001 - a figure must not cost the numbers
         result["figure_error"] = f"{type(e).__name__}: {e}"
-    result["packed"] = pack_runs(outs, ctx.out.folder / "paper2_runs.tar")
-    return {k: v for k, v in result.items() if k != "members"} | {"members_in": "paper2.json"}
+    result["packed"] = pack_runs(outs, folder / "paper2_runs.tar", base=base)
 
 
 def traps_over_run(run_dir: Path, max_checkpoints: int, workers: int) -> list[dict]:
@@ -1479,7 +1504,6 @@ def train_mlp_stack(configs: list[dict], outs: list[Path], device, on_eval) -> d
 
 
 def part_f(ctx: Ctx, allow_s: float) -> dict:
-    from lenslab.training.run import Run
 
     budget = ctx.budget.sub(allow_s)
     tiny = TINY["mlp"] if ctx.tiny else {}
@@ -1564,42 +1588,26 @@ def part_f(ctx: Ctx, allow_s: float) -> dict:
     result["stack_steps_per_s"] = epochs * steps_per_epoch / result["train_s"]
     ctx.out.log(f"f: trained in {result['train_s']:.0f} s ({result['stack_steps_per_s']:.0f} steps/s for the stack)")
 
-    members = []
-    for (wd, s), out in zip(arms, outs):
-        run = Run.open(out)
-        ckpts = run.epochs()
-        members.append(
-            {
-                "weight_decay": wd,
-                "seed": s,
-                "summary": run.summary,
-                "metrics": run.metrics,
-                "checkpoints": ckpts,
-                "checkpoint_dtype": _checkpoint_dtype(out, ckpts),
-                "traps": None,  # filled in below; None means the traps were not reached
-            }
-        )
+    members = [member_record(out, weight_decay=wd, seed=s) for (wd, s), out in zip(arms, outs)]
     result["runs"] = members
     save()  # before the traps: a cut part f still returns its runs' numbers
-    for i, (member, out) in enumerate(zip(members, outs)):
-        left = budget.remaining() - pack_reserve
-        k = max(2, min(k_traps, len(member["checkpoints"]), int(left / max(trap_s * (len(arms) - i), 1e-3))))
-        member["traps"] = traps = traps_over_run(out, k, trap_workers)
-        save()
-        final = member["metrics"][-1] if member["metrics"] else {}
-        ctx.out.log(
-            f"f: wd={member['weight_decay']:g} seed {member['seed']}: final train acc {final.get('train_acc')}, test acc {final.get('test_acc')}; "
-            f"traps at {len({r['epoch'] for r in traps})} checkpoints"
-        )
-    figures = ctx.runs.get("d", {}).get("members", []) + [
+    traps_for_members(
+        members,
+        outs,
+        budget,
+        trap_s,
+        trap_workers,
+        save,
+        pack_reserve,
+        lambda m, line: ctx.out.log(f"f: wd={m['weight_decay']:g} seed {m['seed']}: {line}"),
+        cap=k_traps,
+    )
+    d = ctx.runs.get("d", {})
+    figures = d.get("members", []) + [
         dict(m, title=f"MNIST MLP, weight decay {m['weight_decay']:g}, seed {m['seed']} (x: epochs of {steps_per_epoch} steps)")
         for m in members
     ]
-    try:
-        write_paper2_figure(figures, ctx.out.folder / "paper2.html")
-    except Exception as e:  # noqa: BLE001 - a figure must not cost the numbers
-        result["figure_error"] = f"{type(e).__name__}: {e}"
-    result["packed"] = pack_runs(ctx.runs.get("d", {}).get("outs", []) + outs, ctx.out.folder / "paper2_runs.tar", base=ctx.work)
+    figure_and_pack(result, figures, d.get("outs", []) + outs, ctx.out.folder, base=ctx.work)
     save()
     return {k: v for k, v in result.items() if k != "runs"} | {"runs_in": "paper2.json (key mlp)"}
 

@@ -427,11 +427,16 @@ def test_part_c_tiny_on_cpu(tmp_path, capsys):
     assert dr.sweep_progress(tmp_path / "work" / "paper1") == dr.TINY["paper1_target"]
 
 
-def test_part_d_tiny_on_cpu(tmp_path, capsys):
+@pytest.fixture
+def paper2_interface():
+    """Skip a part-d test where this lenslab lacks the paper-2 training settings (the preflight refuses there)."""
     try:
         dr.check_paper2_interface(tiny=True)
     except dr.BadInput as e:
         pytest.skip(f"this lenslab lacks the paper-2 settings: {e}")
+
+
+def test_part_d_tiny_on_cpu(tmp_path, capsys, paper2_interface):
     out = tmp_path / "out"
     code, err = _main([out, "--part", "d", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
     assert code == 0, err
@@ -543,11 +548,7 @@ def test_environment_warns_when_the_device_has_no_peak_entry(monkeypatch):
     assert "peak_warning" not in dr.environment(fake_cuda)
 
 
-def test_part_d_cut_during_its_traps_still_returns_the_trained_runs(tmp_path, capsys, monkeypatch):
-    try:
-        dr.check_paper2_interface(tiny=True)
-    except dr.BadInput as e:
-        pytest.skip(f"this lenslab lacks the paper-2 settings: {e}")
+def test_part_d_cut_during_its_traps_still_returns_the_trained_runs(tmp_path, capsys, monkeypatch, paper2_interface):
     real, calls = dr.traps_over_run, []
 
     def cut_on_the_second_member(run_dir, k, workers):
@@ -595,11 +596,7 @@ def test_part_f_tiny_on_cpu(tmp_path, capsys):
     ]
 
 
-def test_parts_d_and_f_share_the_paper2_files(tmp_path, capsys):
-    try:
-        dr.check_paper2_interface(tiny=True)
-    except dr.BadInput as e:
-        pytest.skip(f"this lenslab lacks the paper-2 settings: {e}")
+def test_parts_d_and_f_share_the_paper2_files(tmp_path, capsys, paper2_interface):
     out = tmp_path / "out"
     code, err = _main([out, "--part", "d,f", "--allow-cpu", "--tiny", "--work", tmp_path / "work"], capsys)
     assert code == 0, err
