@@ -15,11 +15,18 @@ the sweep was stopped mid-round (``run_outcome(run, until=horizon)``). Writes:
   the memorization onset), ``fit_to_generalized`` (the lag to 100 % adversarial accuracy), and the
   outcome at every earlier round (``outcome_at_<E>``), which is where an escape from memorization
   shows;
-- ``cells.csv`` / ``cells.json``: per cell, generalized k/n with a Wilson 95 % interval, the failure
+- ``cells.csv`` / ``cells.json``: per cell, ``generalized`` k/n (runs that ever reached 100 %
+  adversarial accuracy, transient ones included) with a Wilson 95 % interval; ``generalized_at_horizon``
+  (the pre-registered end-state rule: outcome "generalized", i.e. exactly 1.0 at the horizon's last
+  evaluation) with its own interval (``rule_wilson_low`` / ``rule_wilson_high``); the failure
   breakdown, escapes (runs memorized at an earlier round and generalized by the horizon) and the
   runs still moving (outcome "climbing", or adversarial accuracy rising >= 0.05 over the last 20 %
   of evaluations);
 - ``curves.html``: adversarial and train accuracy against epoch (log axis) for every run, by r.
+
+The cell tables can be rebuilt from a committed ``runs.csv`` alone, without the run folders:
+
+    .venv/bin/python reproduction/boundary_long.py --cells-from-runs reproduction/results/boundary_long
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -83,6 +91,8 @@ def cell_rows(runs: list[dict]) -> list[dict]:
         rs = [r for r in runs if r["cell"] == cell and r["n_values"] == values]
         gen = [r for r in rs if r["generalized"]]
         lo, hi = wilson(len(gen), len(rs))
+        held = sum(r["outcome"] == "generalized" for r in rs)
+        rule_lo, rule_hi = wilson(held, len(rs))
         earlier = [k for k in rs[0] if k.startswith("outcome_at_")]
         escaped = [r for r in gen if any(r[k] == "memorized" for k in earlier)]
         moving = [r for r in rs if r["outcome"] == "climbing" or (r["adv_trend"] is not None and r["adv_trend"] >= CLIMB)]
@@ -97,6 +107,9 @@ def cell_rows(runs: list[dict]) -> list[dict]:
                 "generalized": len(gen),
                 "wilson_low": lo,
                 "wilson_high": hi,
+                "generalized_at_horizon": held,
+                "rule_wilson_low": rule_lo,
+                "rule_wilson_high": rule_hi,
                 **{f"failed_{o}": sum(r["outcome"] == o for r in rs) for o in FAILURES},
                 "escaped_memorization": len(escaped),
                 "still_moving": len(moving),
@@ -171,6 +184,61 @@ def curves_figure(groups: dict[str, list[dict]], horizons: dict[str, int]):
     return fig
 
 
+def _parse(value: str, kind):
+    return None if value == "" else kind(value)
+
+
+def runs_from_csv(text: str) -> list[dict]:
+    """``runs.csv`` rows back as ``judge`` returned them, in the types ``cell_rows`` reads."""
+    rows = []
+    for r in csv.DictReader(io.StringIO(text)):
+        r = dict(r)
+        if r["generalized"] not in ("True", "False"):
+            raise ValueError(f"runs.csv: generalized is {r['generalized']!r}; expected True or False")
+        r["generalized"] = r["generalized"] == "True"
+        named = re.search(r"-v(\d+)$", r["cell"])  # older tables: the value count is only in the cell name
+        r["n_values"] = _parse(r.get("n_values", named.group(1) if named else ""), int)
+        r["ratio"], r["horizon"] = float(r["ratio"]), int(r["horizon"])
+        r["adv_trend"] = _parse(r["adv_trend"], float)
+        r["fit_epoch"] = _parse(r["fit_epoch"], int)
+        r["fit_to_generalized"] = _parse(r["fit_to_generalized"], int)
+        rows.append(r)
+    return rows
+
+
+def write_cells(runs: list[dict], horizons: dict[str, int], out: Path) -> list[dict]:
+    cells = cell_rows(runs)
+    (out / "cells.csv").write_text(_csv(cells))
+    (out / "cells.json").write_text(json.dumps({"horizons": horizons, "cells": cells}, indent=1))
+    return cells
+
+
+def print_cells(cells: list[dict]) -> None:
+    for c in cells:
+        fails = ", ".join(f"{c[f'failed_{o}']} {o}" for o in FAILURES if c[f"failed_{o}"])
+        values = "" if c["n_values"] is None else f"{c['n_values']:>2} values "
+        print(
+            f"{values}{c['cell']:<24} @{c['horizon']:>5}  ever {c['generalized']}/{c['runs']} [{c['wilson_low']:.2f}, {c['wilson_high']:.2f}]"
+            f"  at horizon {c['generalized_at_horizon']}/{c['runs']} [{c['rule_wilson_low']:.2f}, {c['rule_wilson_high']:.2f}]"
+            f"  escaped {c['escaped_memorization']}  moving {c['still_moving']}  lags {c['fit_to_generalized']}  {fails}"
+        )
+
+
+def _die(message: str) -> None:
+    print(message, file=sys.stderr)
+    sys.exit(2)
+
+
+def cells_from_runs(out_dir: str) -> None:
+    out = Path(out_dir)
+    for name in ("runs.csv", "cells.json"):
+        if not (out / name).is_file():
+            _die(f"boundary_long.py: {out / name} is missing; --cells-from-runs rebuilds the cells of a folder this script wrote")
+    runs = runs_from_csv((out / "runs.csv").read_text())
+    horizons = json.loads((out / "cells.json").read_text())["horizons"]
+    print_cells(write_cells(runs, horizons, out))
+
+
 def main(root_dir: str, out_dir: str) -> None:
     root, out = Path(root_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -183,18 +251,16 @@ def main(root_dir: str, out_dir: str) -> None:
         name = f"{values} values"
         groups[name], horizons[name] = ms, horizon(ms)
         runs += judge(ms, horizons[name])
-    cells = cell_rows(runs)
     (out / "runs.csv").write_text(_csv(runs))
-    (out / "cells.csv").write_text(_csv(cells))
-    (out / "cells.json").write_text(json.dumps({"horizons": horizons, "cells": cells}, indent=1))
+    cells = write_cells(runs, horizons, out)
     write_figure(curves_figure(groups, horizons), out / "curves.html")
-    for c in cells:
-        fails = ", ".join(f"{c[f'failed_{o}']} {o}" for o in FAILURES if c[f"failed_{o}"])
-        print(
-            f"{c['n_values']:>2} values {c['cell']:<24} @{c['horizon']:>5}  {c['generalized']}/{c['runs']} [{c['wilson_low']:.2f}, {c['wilson_high']:.2f}]"
-            f"  escaped {c['escaped_memorization']}  moving {c['still_moving']}  lags {c['fit_to_generalized']}  {fails}"
-        )
+    print_cells(cells)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if sys.argv[1:2] == ["--cells-from-runs"] and len(sys.argv) == 3:
+        cells_from_runs(sys.argv[2])
+    elif len(sys.argv) == 3 and not sys.argv[1].startswith("-"):
+        main(*sys.argv[1:3])
+    else:
+        _die("usage: boundary_long.py RUNS_ROOT OUT_DIR | boundary_long.py --cells-from-runs OUT_DIR")
