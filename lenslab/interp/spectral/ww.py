@@ -57,15 +57,17 @@ class _Residual:
         x = self.x
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
+            # the density is 0 outside the support: clip instead of sqrt's nan (a warning that escapes
+            # catch_warnings in Ray's worker threads), which nan_to_num turned into the same 0
             if self.q == 1:
-                ymp = np.nan_to_num((1 / (np.pi * sigma * sigma)) * np.sqrt(4 - x**2))
+                ymp = np.nan_to_num((1 / (np.pi * sigma * sigma)) * np.sqrt(np.clip(4 - x**2, 0, None)))
             else:
                 y = 1 / self.q
                 b = (sigma * (1 + math.sqrt(y))) ** 2
                 a = (sigma * (1 - math.sqrt(y))) ** 2
                 if b < self.x_peak or b > self.x_max or a > self.x_peak:
                     return 1000.0**2 * len(x)
-                ymp = np.nan_to_num((1 / (2 * np.pi * sigma * sigma * x * y)) * np.sqrt((b - x) * (x - a)))
+                ymp = np.nan_to_num((1 / (2 * np.pi * sigma * sigma * x * y)) * np.sqrt(np.clip((b - x) * (x - a), 0, None)))
         return float(np.sum((ymp - self.y) ** 2))
 
 
