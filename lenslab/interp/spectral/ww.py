@@ -57,8 +57,8 @@ class _Residual:
         x = self.x
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            # the density is 0 outside the support: clip instead of sqrt's nan (a warning that escapes
-            # catch_warnings in Ray's worker threads), which nan_to_num turned into the same 0
+            # the density is 0 outside the support: clip instead of taking sqrt's nan (whose warning still
+            # reached the test log from tests/interp/spectral/test_ray.py), which nan_to_num made the same 0
             if self.q == 1:
                 ymp = np.nan_to_num((1 / (np.pi * sigma * sigma)) * np.sqrt(np.clip(4 - x**2, 0, None)))
             else:
