@@ -173,13 +173,14 @@ def curves_figure(groups: dict[str, list[dict]], horizons: dict[str, int]):
                 )
                 shown.add(q)
             fig.add_vline(x=horizons[name], line_dash="dot", line_color="#999", row="all", col=j)
-    fig.update_xaxes(type="log", title_text="epoch (log)", row=2)
+    fig.update_xaxes(type="log")  # every panel: a shared axis does not pass its type on
+    fig.update_xaxes(title_text="epoch (log)", row=2)
     fig.update_yaxes(range=[0, 1.02])
     fig.update_layout(
         template="plotly_white",
-        height=720,
+        height=760,
         width=560 * len(names) + 100,
-        title="2L 2H, seq_len 6, weight decay 0.1: every run of the boundary cells (dotted: the horizon judged)",
+        title="2L 2H, seq_len 6, weight decay 0.1:<br>every run of the boundary cells (dotted: the horizon judged)",
     )
     return fig
 

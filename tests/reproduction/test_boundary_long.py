@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -90,3 +91,14 @@ def test_a_folder_without_runs_csv_is_refused_and_left_alone(tmp_path):
     done = _script("--cells-from-runs", str(tmp_path))
     assert done.returncode == 2 and "runs.csv is missing" in done.stderr and "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_panel_of_the_curves_figure_has_a_log_epoch_axis():
+    metrics = [{"epoch": e, "adv_acc": 0.5, "train_acc": 0.9} for e in (0, 10, 100, 1000)]
+    groups = {
+        f"{v} values": [{"run": SimpleNamespace(metrics=metrics), "ratio": q, "seed": 0} for q in (0.5, 0.9)] for v in (12, 16)
+    }
+    fig = bl.curves_figure(groups, {name: 1000 for name in groups})
+    axes = [k for k in fig.layout.to_plotly_json() if k.startswith("xaxis")]
+    assert len(axes) == 4 and all(fig.layout[k].type == "log" for k in axes)
+    assert all(tr.x == (10, 100, 1000) for tr in fig.data)  # epoch 0 has no place on a log axis
