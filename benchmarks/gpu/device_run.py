@@ -66,9 +66,11 @@ for _p in (str(REPO), str(HERE)):
 import wheel_pins  # benchmarks/gpu/wheel_pins.py: standard library only
 
 # ---- what to run: change here ------------------------------------------------------------------------
-# The regime map (REPRODUCTION item 1) found no CPU regime with the paper's direction within 200-400 epochs; at 6 values
-# from 0..11 2L runs split between learning the rule and memorizing the split. A long horizon there is what a GPU adds.
-PAPER1_REGIME = {"seq_len": 6, "n_values": 12}
+# The regime map (REPRODUCTION 1b) found no CPU regime with the paper's direction within 200-400 epochs. Item 1c ran the
+# 2L boundary cells to 2,000 epochs: at 6 values from 0..15, r = 0.5 never reached the rule (0/4) and every r = 0.9 run
+# did after memorizing first (4/4, from epoch 750), the paper's direction by its rate; at 0..11, r = 0.5 learned the rule
+# directly (3/4), so no contrast. The 16-value cell at the paper's 15,000 epochs and 16 seeds is what a GPU adds.
+PAPER1_REGIME = {"seq_len": 6, "n_values": 16}
 PAPER1_GRID = {"layers": [1, 2], "heads": [1, 2], "ratios": [0.5, 0.9], "seeds": list(range(16))}
 PAPER1_TARGET_EPOCHS = 15_000
 PAPER1_EVAL_EVERY = 50  # every 5 (the CPU default) would spend most of a GPU minute in per-member evaluations
