@@ -16,6 +16,13 @@
 #   every member of a cell pair finished.
 # CELLS picks which value counts run (default "12 16"); CELLS=16 skips the 12-value cells, e.g. on
 # a machine where their finished runs are gone but their tables are committed.
+# LAST (default 2000, the issue's horizon) extends the rounds past 2,000. Added 2026-12-07 12:45 UTC,
+# after the 2,000-epoch 16-value tables were read and committed, for an exploratory extension of a
+# copy of those runs (cp -r ~/lenslab-runs/boundary/v16 ~/lenslab-runs/boundary_ext/), so that the
+# committed tables stay reproducible from the original folder. Fixed before the extension ran: the
+# same knobs, WORKERS=2, read at the last 200-epoch round both r finished, reporting whether any
+# r = 0.5 run reaches the rule (a longer horizon can only raise paper 1's "at any point" rate) and how
+# many r = 0.9 runs hold it at the end. Not pre-registered by issue 25; REPRODUCTION 1c says so.
 # Resumable: run it again after a kill; each member continues from its last checkpoint. A round
 # that every member has already passed exits 2 ("already trained N epochs"), and is skipped.
 set -euo pipefail
@@ -25,5 +32,5 @@ L="python -m lenslab.cli sweep --heads 2 --layers 2 --ratios 0.5,0.9 --seeds 0-3
    --eval-every 10 --workers ${WORKERS:-1} --ensemble-size 4 --no-progress"
 round() { $L --n-values "$1" --epochs "$2" --out "$RUNS/v$1" || [ $? -eq 2 ]; }
 CELLS=${CELLS:-12 16}
-case " $CELLS " in *" 12 "*) for E in $(seq 200 200 2000); do round 12 "$E"; done ;; esac
-case " $CELLS " in *" 16 "*) for E in $(seq 400 200 2000); do round 16 "$E"; done ;; esac
+case " $CELLS " in *" 12 "*) for E in $(seq 200 200 "${LAST:-2000}"); do round 12 "$E"; done ;; esac
+case " $CELLS " in *" 16 "*) for E in $(seq 400 200 "${LAST:-2000}"); do round 16 "$E"; done ;; esac
