@@ -16,7 +16,7 @@
 #   every member of a cell pair finished.
 # CELLS picks which value counts run (default "12 16"); CELLS=16 skips the 12-value cells, e.g. on
 # a machine where their finished runs are gone but their tables are committed.
-# LAST (default 2000, the horizon) extends the rounds past 2,000. Added 2026-12-07 12:45 UTC,
+# LAST (default 2000, the horizon) extends the rounds past 2,000. Added 2026-12-07 12:40 UTC,
 # after the 2,000-epoch 16-value tables were read and committed, for an exploratory extension of a
 # copy of those runs (cp -r ~/lenslab-runs/boundary/v16 ~/lenslab-runs/boundary_ext/), so that the
 # committed tables stay reproducible from the original folder. Fixed before the extension ran: the
