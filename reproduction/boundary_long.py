@@ -17,8 +17,9 @@ the sweep was stopped mid-round (``run_outcome(run, until=horizon)``). Writes:
   shows;
 - ``cells.csv`` / ``cells.json``: per cell, ``generalized`` k/n (runs that ever reached 100 %
   adversarial accuracy, transient ones included) with a Wilson 95 % interval; ``generalized_at_horizon``
-  (the pre-registered end-state rule: outcome "generalized", i.e. exactly 1.0 at the horizon's last
-  evaluation) with its own interval (``rule_wilson_low`` / ``rule_wilson_high``); the failure
+  (the end state: outcome "generalized", i.e. still exactly 1.0 at the horizon's last evaluation;
+  paper 1's rate is the first count) with its own interval (``rule_wilson_low`` / ``rule_wilson_high``,
+  named before REPRODUCTION 1c's correction); the failure
   breakdown, escapes (runs memorized at an earlier round and generalized by the horizon) and the
   runs still moving (outcome "climbing", or adversarial accuracy rising >= 0.05 over the last 20 %
   of evaluations);
